@@ -1,0 +1,53 @@
+"""distlock: distributed locks on etcd that hand every holder a fencing token.
+
+A lease-based lock alone is never safe: a holder can pause (GC, SIGSTOP, a slow network) past its lease while another
+process takes the lock. distlock tells the holder early (``lock.lost``, ``ensure_held()``, ``on_lost``), and gives
+it a *fencing token* — strictly increasing from holder to holder — so the database can reject the stale writer.
+
+    import distlock
+
+    client = distlock.connect("etcd://127.0.0.1:2379")
+    with client.lock("order:42", ttl=30, timeout=10) as lock:
+        save(order, fence_token=lock.token)
+"""
+
+from ._client import Client, connect
+from ._errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    DistlockError,
+    InvalidLockName,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    StaleFenceToken,
+)
+from ._lock import AsyncLock, Lock, current_lock, current_token
+from ._protocol import Holder
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncLock",
+    "AuthenticationFailed",
+    "BackendError",
+    "BackendUnavailable",
+    "Client",
+    "ConfigurationError",
+    "DistlockError",
+    "Holder",
+    "InvalidLockName",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "StaleFenceToken",
+    "__version__",
+    "connect",
+    "current_lock",
+    "current_token",
+]

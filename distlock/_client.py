@@ -1,0 +1,253 @@
+"""``connect(url)`` and the client: URL parsing, backend choice by scheme, the client's life cycle across fork.
+
+URLs::
+
+    etcd://host:port[,host:port...][?prefix=distlock]          plain gRPC to one member or a cluster
+    etcd://user:password@host:port                             etcd authentication
+    etcds://host:port?ca=/ca.pem[&cert=/c.pem&key=/k.pem]      TLS (system roots without ca=), client certificates
+
+Keyword options of :func:`connect` override the URL: ``prefix``, ``username``, ``password``, ``ca_cert``,
+``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect`` may take to reach the service, default
+5 s), ``request_timeout`` (how long one operation may retry before ``BackendUnavailable``, default 5 s), and
+``check=False`` to skip the connection check (then errors show on first use).
+
+What can go wrong: a malformed URL, an unknown scheme or option, or a missing extra raise ``ConfigurationError``
+before any network traffic; an unreachable service raises ``BackendUnavailable`` within ``connect_timeout``; bad
+credentials raise ``AuthenticationFailed``. A client used after ``fork()`` opens its own connection and leases in
+the child and leaves the parent's alone. ``close()`` (also at interpreter exit) revokes the client's leases, which
+releases every lock it still holds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ._errors import ConfigurationError
+from ._lock import AsyncLock, Lock
+from ._protocol import Backend, Holder
+from ._session import Keeper
+
+__all__ = ["Client", "connect"]
+
+_DEFAULT_PREFIX = "distlock"
+_ETCD_SCHEMES = ("etcd", "etcds")
+_SCHEMES = (*_ETCD_SCHEMES,)
+_ETCD_QUERY = {"prefix", "ca", "cert", "key"}
+
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+class Client:
+    """A connection to a lock service. Thread-safe; one per process is plenty. Make locks with :meth:`lock`."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._keeper = Keeper(backend)
+        self._closed = False
+        _clients.add(self)
+
+    @property
+    def description(self) -> str:
+        """Where this client points, e.g. ``"etcd at 127.0.0.1:2379"``."""
+        return self._backend.description
+
+    def __repr__(self) -> str:
+        return f"<distlock.Client {self.description}{' closed' if self._closed else ''}>"
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float = 60.0,
+        max_hold: float | None = None,
+        on_lost: Callable[[Lock], None] | None = None,
+    ) -> Lock:
+        """A handle on lock ``name``: ``ttl`` is the lease length, ``timeout`` the default wait (see :class:`Lock`)."""
+        self._check_open()
+        return Lock(self, name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost)
+
+    def async_lock(
+        self,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float = 60.0,
+        max_hold: float | None = None,
+        on_lost: Callable[[Lock], None] | None = None,
+    ) -> AsyncLock:
+        """The asyncio twin of :meth:`lock`."""
+        return AsyncLock(self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost))
+
+    def holder(self, name: str) -> Holder | None:
+        """Who holds lock ``name`` now (an opaque owner id, the token, the number of waiters), or None."""
+        self._check_open()
+        from ._names import validate_name
+
+        return self._backend.holder(validate_name(name))
+
+    def close(self) -> None:
+        """Revoke this client's leases (releasing every lock it holds) and close its connection."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._keeper.close()
+        finally:
+            self._backend.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError(f"this distlock client ({self.description}) is closed")
+
+    def _after_fork(self) -> None:
+        self._backend.after_fork()
+        self._keeper.after_fork()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def connect(url: str, **options: Any) -> Client:
+    """Connect to the lock service at ``url`` (see the module docstring for URLs and options)."""
+    if not isinstance(url, str) or not url:
+        raise ConfigurationError(f"a distlock URL is a non-empty string like 'etcd://127.0.0.1:2379', not {url!r}")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in _SCHEMES:
+        raise ConfigurationError(
+            f"unsupported distlock URL scheme {parts.scheme!r} in {_redact(url)!r}; use one of: "
+            + ", ".join(f"{s}://" for s in _SCHEMES)
+        )
+    check = bool(options.pop("check", True))
+    backend = _etcd_backend(url, parts, options)
+    client = Client(backend)
+    if check:
+        try:
+            backend.check()
+        except BaseException:
+            client.close()
+            raise
+    return client
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _parse_hosts(netloc: str, url: str, default_port: int) -> list[tuple[str, int]]:
+    hosts: list[tuple[str, int]] = []
+    for raw in netloc.split(","):
+        item = raw.strip()
+        if not item:
+            raise ConfigurationError(f"empty host in distlock URL {_redact(url)!r}")
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else ""
+        else:
+            host, _, port_text = item.rpartition(":") if ":" in item else (item, "", "")
+        if not host:
+            raise ConfigurationError(f"missing host in {item!r} of distlock URL {_redact(url)!r}")
+        try:
+            port = int(port_text) if port_text else default_port
+        except ValueError:
+            raise ConfigurationError(f"bad port {port_text!r} in distlock URL {_redact(url)!r}") from None
+        if not 0 < port < 65536:
+            raise ConfigurationError(f"port {port} out of range in distlock URL {_redact(url)!r}")
+        hosts.append((host, port))
+    return hosts
+
+
+def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
+    from ._etcd import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
+
+    netloc: str = parts.netloc
+    username: str | None = None
+    password: str | None = None
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        user_text, sep, password_text = userinfo.partition(":")
+        username = unquote(user_text)
+        password = unquote(password_text) if sep else None
+    if not netloc:
+        raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. etcd://127.0.0.1:2379")
+    if parts.path not in ("", "/"):
+        raise ConfigurationError(
+            f"distlock URL {_redact(url)!r} has a path {parts.path!r}; put a key prefix in ?prefix=... instead"
+        )
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in _ETCD_QUERY:
+            raise ConfigurationError(
+                f"unknown option {key!r} in distlock URL {_redact(url)!r}; known: {', '.join(sorted(_ETCD_QUERY))}"
+            )
+        query[key] = value
+    allowed = {"prefix", "username", "password", "ca_cert", "client_cert", "client_key"}
+    allowed |= {"connect_timeout", "request_timeout"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise ConfigurationError(
+            f"unknown connect() option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(allowed))}"
+        )
+    prefix = str(options.get("prefix", query.get("prefix", _DEFAULT_PREFIX)))
+    if not prefix or prefix.endswith("/") or any(ord(c) < 32 for c in prefix):
+        raise ConfigurationError(f"key prefix {prefix!r} must be non-empty, printable and not end with '/'")
+    username = options.get("username", username)
+    password = options.get("password", password)
+    ca = options.get("ca_cert", query.get("ca"))
+    cert = options.get("client_cert", query.get("cert"))
+    key = options.get("client_key", query.get("key"))
+    tls_wanted = parts.scheme.lower() == "etcds"
+    if (ca or cert or key) and not tls_wanted:
+        raise ConfigurationError(f"TLS files given for {_redact(url)!r}: use the etcds:// scheme for TLS")
+    timeouts = {}
+    for name in ("connect_timeout", "request_timeout"):
+        value = options.get(name, 5.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+            raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        timeouts[name] = float(value)
+    return EtcdBackend(
+        _parse_hosts(netloc, url, 2379),
+        prefix=prefix,
+        tls=TLSConfig(ca_cert=ca, client_cert=cert, client_key=key) if tls_wanted else None,
+        username=username,
+        password=password,
+        connect_timeout=timeouts["connect_timeout"],
+        request_timeout=timeouts["request_timeout"],
+    )
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_clients):
+        client._after_fork()
+
+
+def _close_all() -> None:
+    for client in list(_clients):
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_all)

@@ -1,0 +1,506 @@
+"""The lock: queueing, waiting, timeouts and release, written once over ``_protocol.Backend``.
+
+A handle from ``client.lock(name)`` acquires by joining the lock's FIFO queue with a ticket on the client's session
+lease for its TTL, then waits for the ticket just ahead to go. Holding means "my ticket is at the head and my lease
+is alive"; the ticket's revision is the fencing token.
+
+Races handled here, in prose:
+
+- *Lease lost while waiting.* If the session lease expires while a waiter sleeps (the process was paused, etcd was
+  unreachable), its key is deleted by the server and the waiters behind it move up; the keeper wakes the waiter, and
+  after every wake-up the waiter re-reads its own key before anything else, so it can never take a turn it no longer
+  has (etcd#11456). It then queues again, at the back, on a new lease, within its timeout.
+- *Became head as the timeout struck.* A waiter that gives up deletes its key revision-checked; if it had just
+  become the head, the delete simply hands the lock on. Nobody is left waiting on a dead key.
+- *Released after the lease expired.* Release deletes only a key whose create revision is still our token
+  (etcd#22082), so a late release can never delete a newer holder's key; it raises ``LockLost`` instead.
+- *Forked while holding.* A handle acquired in a parent refuses to release in a forked child: the child does not own
+  the parent's lock.
+
+Each handle is for one holder at a time: locks are not re-entrant, and two threads that must exclude each other use
+two handles (``client.lock(name)`` is cheap). ``current_lock()``/``current_token()`` find the innermost lock held in
+the current context (thread or asyncio task), which fenced writes use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import math
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from . import _clock
+from ._errors import BackendError, ConfigurationError, LockError, LockLost, LockNotAcquired, LockNotOwned
+from ._names import validate_name
+from ._protocol import Interrupt, LeaseGone, Ticket, owner_record
+from ._session import Session
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["AsyncLock", "Lock", "current_lock", "current_token"]
+
+log = logging.getLogger("distlock")
+
+_held: contextvars.ContextVar[tuple[Lock, ...]] = contextvars.ContextVar("distlock_held", default=())
+
+_LEASE_LOST = "lease lost"
+
+
+def current_lock(name: str | None = None) -> Lock | None:
+    """The innermost lock held in this context (of ``name``, when given), or None."""
+    for lock in reversed(_held.get()):
+        if name is None or lock.name == name:
+            return lock
+    return None
+
+
+def current_token(name: str | None = None) -> int | None:
+    """The fencing token of :func:`current_lock`, or None when no such lock is held in this context."""
+    lock = current_lock(name)
+    return None if lock is None else lock.token
+
+
+def _check_seconds(value: float | None, what: str, *, allow_none: bool, allow_zero: bool) -> None:
+    if value is None:
+        if not allow_none:
+            raise ConfigurationError(f"{what} must be a number of seconds, not None")
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{what} must be a number of seconds, not {type(value).__name__}: {value!r}")
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(f"{what} must be {bound} seconds, got {value!r}")
+
+
+class Lock:
+    """A handle on one distributed lock. Create with ``client.lock(name, ttl=..., timeout=...)``.
+
+    ``ttl`` is the lease: how long the lock outlives a holder that stopped answering. ``timeout`` is how long
+    ``acquire()`` and ``with`` wait by default (``math.inf`` waits forever, 0 does not wait). ``max_hold`` bounds
+    how long the lock may be held at all: past it, the lock is released and marked lost even if the holder is
+    alive but hung. ``on_lost(lock)`` is called (on a background thread) when the lock becomes lost.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        timeout: float = 60.0,
+        max_hold: float | None = None,
+        on_lost: Callable[[Lock], None] | None = None,
+    ) -> None:
+        validate_name(name)
+        _check_seconds(ttl, "ttl (the lease length)", allow_none=False, allow_zero=False)
+        if ttl == math.inf:
+            raise ConfigurationError("ttl must be finite: it is how long a dead holder keeps the lock")
+        _check_seconds(timeout, "timeout (how long to wait)", allow_none=False, allow_zero=True)
+        _check_seconds(max_hold, "max_hold", allow_none=True, allow_zero=False)
+        self._client = client
+        self.name = name
+        self.ttl = float(ttl)
+        self.timeout = float(timeout)
+        self.max_hold = max_hold
+        self._on_lost = on_lost
+        self._mutex = threading.Lock()
+        self._busy = False
+        self._ticket: Ticket | None = None
+        self._session: Session | None = None
+        self._pid = 0
+        self._acquired_at = 0.0
+        self._hold_deadline: float | None = None
+        self._lost_reason: str | None = None
+        self._lost_event = threading.Event()
+        self._wake: Interrupt | None = None
+
+    def __repr__(self) -> str:
+        state = "lost" if self._ticket is not None and self.lost else "held" if self._ticket else "not held"
+        token = f" token={self._ticket.revision}" if self._ticket is not None else ""
+        return f"<distlock.Lock {self.name!r} ttl={self.ttl:g} {state}{token}>"
+
+    # -- acquiring --------------------------------------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Wait for the lock; True when acquired, False when ``timeout`` ran out (or at once if not ``blocking``).
+
+        ``timeout=None`` uses the handle's ``timeout``. Raises ``BackendUnavailable`` when the lock service cannot
+        be reached within its request timeout, never hangs past ``timeout`` plus that.
+        """
+        acquired = self._acquire(blocking, timeout, Interrupt())
+        if acquired:
+            self._enter_context()
+        return acquired
+
+    def _acquire(self, blocking: bool, timeout: float | None, cancel: Interrupt) -> bool:
+        if timeout is not None:
+            _check_seconds(timeout, "timeout (how long to wait)", allow_none=False, allow_zero=True)
+        wait = (timeout if timeout is not None else self.timeout) if blocking else 0.0
+        deadline = _clock.now() + wait
+        with self._mutex:
+            if self._ticket is not None or self._busy:
+                raise LockError(
+                    f"lock {self.name!r}: this handle already holds or is acquiring it. Locks are not re-entrant; "
+                    "use one client.lock(...) handle per holder",
+                    name=self.name,
+                )
+            self._busy = True
+        try:
+            return self._queue_until_head(deadline, cancel)
+        finally:
+            with self._mutex:
+                self._busy = False
+
+    def _queue_until_head(self, deadline: float, cancel: Interrupt) -> bool:
+        backend = self._client._backend
+        keeper = self._client._keeper
+        while True:
+            if cancel.fired:
+                return False
+            session = keeper.session(self.ttl)
+            wake = Interrupt()
+            unlink = cancel.on_fire(functools.partial(wake.fire, "cancelled"))
+            with self._mutex:
+                self._wake = wake
+            keeper.attach(session, self)
+            ticket: Ticket | None = None
+            try:
+                nonce = secrets.token_hex(8)
+                try:
+                    ticket, position = backend.enqueue(self.name, session.lease.id, nonce, owner_record(nonce))
+                except LeaseGone:
+                    keeper.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
+                    continue
+                while True:
+                    if position.gone or wake.reason == _LEASE_LOST or session.expired():
+                        # Our key is gone, or goes with a lease that expired while we waited: queue again, at the
+                        # back, on a live lease. (A key deleted by hand from a live lease just re-queues.)
+                        if session.expired():
+                            keeper.declare_lost(session, session.why_expired())
+                        ticket = None
+                        break
+                    if position.held:
+                        self._become_holder(ticket, session)
+                        ticket = None  # ours now: no clean-up below
+                        return True
+                    remaining = deadline - _clock.now()
+                    if remaining <= 0 or wake.fired:
+                        self._give_up(ticket, session)
+                        ticket = None
+                        return False
+                    backend.wait(ticket, position, None if remaining == math.inf else remaining, wake)
+                    if wake.fired and wake.reason != _LEASE_LOST:
+                        self._give_up(ticket, session)
+                        ticket = None
+                        return False
+                    position = backend.position(ticket)
+            finally:
+                unlink()
+                with self._mutex:
+                    self._wake = None
+                if self._ticket is None:
+                    keeper.detach(session, self)
+                if ticket is not None:  # an exception escaped mid-wait: leave no key behind
+                    self._give_up(ticket, session)
+
+    def _give_up(self, ticket: Ticket, session: Session) -> None:
+        try:
+            self._client._backend.dequeue(ticket)
+        except BackendError as e:
+            log.warning("distlock: could not remove waiter of %r now (%s); retrying in the background", self.name, e)
+            self._client._keeper.orphan(ticket, session)
+
+    def _become_holder(self, ticket: Ticket, session: Session) -> None:
+        now = _clock.now()
+        with self._mutex:
+            self._ticket = ticket
+            self._session = session
+            self._pid = os.getpid()
+            self._acquired_at = now
+            self._lost_reason = None
+            self._lost_event.clear()
+            self._hold_deadline = None if self.max_hold is None else now + self.max_hold
+        if self._hold_deadline is not None:
+            self._client._keeper.changed()
+
+    def _enter_context(self) -> None:
+        _held.set((*_held.get(), self))
+
+    def _leave_context(self) -> None:
+        held = _held.get()
+        if self in held:
+            _held.set(tuple(lock for lock in held if lock is not self))
+
+    # -- holding ----------------------------------------------------------------------------------------------
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this hold: strictly larger than every earlier holder's. Raises if not held."""
+        ticket = self._ticket
+        if ticket is None:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this handle: it has no token", name=self.name)
+        return ticket.revision
+
+    @property
+    def lost(self) -> bool:
+        """True once this hold is known lost (lease expired or revoked, or ``max_hold`` passed)."""
+        return self._lost_reason is not None or self._check_deadlines() is not None
+
+    @property
+    def lost_event(self) -> threading.Event:
+        """An event set when the lock becomes lost, for threads that want to wait on it."""
+        return self._lost_event
+
+    @property
+    def held_for(self) -> float:
+        """Seconds since acquisition (0 when not held)."""
+        return _clock.now() - self._acquired_at if self._ticket is not None else 0.0
+
+    def owned(self) -> bool:
+        """True while this handle holds the lock and it is not known lost."""
+        return self._ticket is not None and not self.lost
+
+    def locked(self) -> bool:
+        """True when anyone holds the lock (asks the server; like ``threading.Lock.locked``)."""
+        return self._client._backend.holder(self.name) is not None
+
+    def ensure_held(self, verify: bool = False) -> None:
+        """Raise ``LockLost`` if the lock is known lost, ``LockNotOwned`` if not held.
+
+        Without ``verify`` this is a local check of the lease deadline, free to call in a loop; with ``verify``
+        it also asks the server that our key still heads the queue. Neither makes a write safe: fenced writes do.
+        """
+        ticket = self._ticket
+        if ticket is None:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", name=self.name)
+        reason = self._lost_reason or self._check_deadlines()
+        if reason is None and verify:
+            position = self._client._backend.position(ticket)
+            if not position.held:
+                reason = "its key is no longer at the head of the queue" if not position.gone else "its key is gone"
+                self._mark_lost(reason)
+        if reason is not None:
+            raise LockLost(f"lock {self.name!r} (token {ticket.revision}) was lost: {reason}", name=self.name)
+
+    def _check_deadlines(self) -> str | None:
+        """Mark the lock lost if its lease deadline or hold deadline passed (the keeper may not have run yet)."""
+        session = self._session
+        if self._ticket is None or session is None:
+            return None
+        now = _clock.now()
+        if session.expired(now):
+            reason = session.why_expired()
+        elif self._hold_deadline is not None and now >= self._hold_deadline:
+            reason = f"held longer than max_hold={self.max_hold:g} s"
+        else:
+            return None
+        self._mark_lost(reason)
+        return reason
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._mutex:
+            if self._lost_reason is not None or self._ticket is None:
+                return
+            self._lost_reason = reason
+        self._lost_event.set()
+        log.warning("distlock: lock %r lost: %s", self.name, reason)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("distlock: on_lost callback for %r raised", self.name)
+
+    # Member protocol (called by the keeper thread)
+
+    @property
+    def hold_deadline(self) -> float | None:
+        return self._hold_deadline if self._ticket is not None and self._lost_reason is None else None
+
+    def session_lost(self, reason: str) -> None:
+        wake = self._wake
+        if wake is not None:
+            wake.fire(_LEASE_LOST)
+        if self._ticket is not None:
+            self._mark_lost(reason)
+
+    def hold_expired(self) -> None:
+        ticket, session = self._ticket, self._session
+        if ticket is None or session is None:
+            return
+        self._mark_lost(f"held longer than max_hold={self.max_hold:g} s")
+        self._give_up(ticket, session)
+
+    # -- releasing --------------------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Release the lock. Raises ``LockLost`` if it was lost while held (after making sure no newer holder's
+        key is touched), ``LockNotOwned`` if this handle does not hold it."""
+        with self._mutex:
+            ticket, session = self._ticket, self._session
+            if ticket is None or session is None:
+                raise LockNotOwned(f"lock {self.name!r} is not held by this handle", name=self.name)
+            if self._pid != os.getpid():
+                raise LockNotOwned(
+                    f"lock {self.name!r} was acquired by process {self._pid}; this forked child does not own it",
+                    name=self.name,
+                )
+            self._ticket = None
+            self._session = None
+            self._hold_deadline = None
+            reason = self._lost_reason
+        self._leave_context()
+        self._client._keeper.detach(session, self)
+        if reason is None and session.expired():
+            reason = session.why_expired()
+        removed = True
+        try:
+            removed = self._client._backend.dequeue(ticket)
+        except BackendError as e:
+            log.warning("distlock: release of %r not confirmed (%s); retrying in the background", self.name, e)
+            self._client._keeper.orphan(ticket, session)
+        if reason is None and not removed:
+            reason = "its key was already gone (the lease expired or was revoked)"
+        if reason is not None:
+            raise LockLost(
+                f"lock {self.name!r} (token {ticket.revision}) was lost before release: {reason}. "
+                "Another holder may have run concurrently; only fenced writes were protected.",
+                name=self.name,
+            )
+
+    def __enter__(self) -> Self:
+        if not self.acquire():
+            raise LockNotAcquired(
+                f"lock {self.name!r} not acquired within {self.timeout:g} s (timeout); it is held by another holder",
+                name=self.name,
+            )
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._ticket is None:
+            return
+        try:
+            self.release()
+        except LockLost:
+            if kind is None:
+                raise
+            # The body's own exception matters more; the loss is logged by _mark_lost.
+
+
+class AsyncLock:
+    """The asyncio twin of :class:`Lock`: ``await lock.acquire()``, ``await lock.release()``, ``async with``.
+
+    The blocking wait runs on a thread of its own (not the default executor, so many waiters cannot starve it);
+    cancelling the awaiting task interrupts that wait and removes the waiter's key, and a lock acquired at the very
+    moment of cancellation is released before ``CancelledError`` propagates.
+    """
+
+    def __init__(self, lock: Lock) -> None:
+        self._lock = lock
+
+    @property
+    def sync(self) -> Lock:
+        """The underlying synchronous handle."""
+        return self._lock
+
+    @property
+    def name(self) -> str:
+        return self._lock.name
+
+    @property
+    def token(self) -> int:
+        return self._lock.token
+
+    @property
+    def lost(self) -> bool:
+        return self._lock.lost
+
+    def owned(self) -> bool:
+        return self._lock.owned()
+
+    def __repr__(self) -> str:
+        return f"<distlock.AsyncLock {self._lock!r}>"
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[bool] = loop.create_future()
+        cancel = Interrupt()
+
+        def settle(outcome: bool | BaseException) -> None:
+            if result.done():
+                return
+            if isinstance(outcome, BaseException):
+                result.set_exception(outcome)
+            else:
+                result.set_result(outcome)
+
+        def run() -> None:
+            outcome: bool | BaseException
+            try:
+                outcome = self._lock._acquire(blocking, timeout, cancel)
+            except BaseException as e:
+                outcome = e
+            loop.call_soon_threadsafe(settle, outcome)
+
+        threading.Thread(target=run, name=f"distlock-acquire-{self._lock.name}", daemon=True).start()
+        try:
+            acquired = await asyncio.shield(result)
+        except asyncio.CancelledError:
+            cancel.fire("the acquiring task was cancelled")
+            try:
+                acquired = await result
+            except Exception:
+                acquired = False
+            if acquired:
+                await asyncio.to_thread(self._release_quietly)
+            raise
+        if acquired:
+            self._lock._enter_context()
+        return acquired
+
+    def _release_quietly(self) -> None:
+        with contextlib.suppress(LockLost):
+            self._lock.release()
+
+    async def release(self) -> None:
+        self._lock._leave_context()
+        await asyncio.to_thread(self._lock.release)
+
+    async def ensure_held(self, verify: bool = False) -> None:
+        if verify:
+            await asyncio.to_thread(self._lock.ensure_held, True)
+        else:
+            self._lock.ensure_held()
+
+    async def locked(self) -> bool:
+        return await asyncio.to_thread(self._lock.locked)
+
+    async def __aenter__(self) -> Self:
+        if not await self.acquire():
+            raise LockNotAcquired(
+                f"lock {self.name!r} not acquired within {self._lock.timeout:g} s (timeout); "
+                "it is held by another holder",
+                name=self.name,
+            )
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._lock._ticket is None:
+            return
+        try:
+            await self.release()
+        except LockLost:
+            if kind is None:
+                raise

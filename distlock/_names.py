@@ -1,0 +1,52 @@
+"""Lock names: validation, and the escaping that keeps one lock's keys out of another lock's key range.
+
+A backend stores each lock under ``<prefix>/<escaped name>/`` and ranges over that prefix to find the lock's holder and
+waiters. With a naive ``name + "/"`` the range of lock ``a`` would contain the keys of lock ``a/b``, and ``a`` would
+queue behind ``a/b``'s waiters. Escaping ``%`` and ``/`` (and nothing else, so keys stay readable) makes the escaped
+name free of ``/`` and the mapping injective: ``a/b`` becomes ``a%2Fb``, and a literal ``a%2Fb`` becomes ``a%252Fb``.
+
+What can go wrong is only bad input, and that raises :class:`~distlock.InvalidLockName` before anything is sent.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from ._errors import InvalidLockName
+
+#: Longest accepted name, in UTF-8 bytes. etcd keys may be larger, but a name this long is a bug in the caller.
+MAX_NAME_BYTES = 1024
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it can name a lock, else raise :class:`InvalidLockName` saying why."""
+    if not isinstance(name, str):
+        raise InvalidLockName(f"a lock name must be a str, not {type(name).__name__}: {name!r}")
+    if not name:
+        raise InvalidLockName("a lock name must not be empty")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidLockName(f"lock name {name[:60]!r} is not valid Unicode text (lone surrogate)") from e
+    if size > MAX_NAME_BYTES:
+        raise InvalidLockName(
+            f"lock name is {size} bytes long; the limit is {MAX_NAME_BYTES} (name starts {name[:40]!r}). "
+            "Hash long identifiers into the name instead."
+        )
+    for position, char in enumerate(name):
+        if unicodedata.category(char) == "Cc":
+            raise InvalidLockName(
+                f"lock name {name[:60]!r} has a control character {char!r} at position {position}; "
+                "use printable characters only"
+            )
+    return name
+
+
+def escape_name(name: str) -> str:
+    """The key-safe form of a validated name: ``%`` → ``%25``, ``/`` → ``%2F``; injective and free of ``/``."""
+    return name.replace("%", "%25").replace("/", "%2F")
+
+
+def unescape_name(escaped: str) -> str:
+    """Inverse of :func:`escape_name` (for inspection tools)."""
+    return escaped.replace("%2F", "/").replace("%25", "%")

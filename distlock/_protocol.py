@@ -1,0 +1,189 @@
+"""The seam between the lock algorithm and a lock service: a handful of primitives every backend provides.
+
+The algorithm in ``_lock.py`` (queueing, waiting with timeouts, cancellation, re-queueing after a lost lease) and the
+session keeper in ``_session.py`` (lease refresh, lost-lock deadlines, maximum hold time) are written once, above this
+protocol. A backend only knows how to
+
+- grant, refresh and revoke a *lease*: a server-side liveness token with a TTL that all of one client's keys of one
+  TTL hang on, so that a crashed client's locks vanish without its help;
+- put a waiter into a lock's FIFO queue (idempotently: a retried enqueue returns the same ticket) and say where in
+  the queue a ticket stands;
+- block until the waiter ahead of a ticket is gone, a timeout passes, or an :class:`Interrupt` fires;
+- remove a ticket *only if it is still the same ticket* (never an unconditional delete).
+
+A ticket at the head of its queue holds the lock. Its ``revision`` is the fencing token: it must strictly increase
+from one holder of a name to the next, and survive client and server restarts.
+
+Errors: a backend raises only :mod:`distlock` errors (``BackendUnavailable``, ``AuthenticationFailed``, ...), with the
+client library's exception as ``__cause__``, after retrying what is safe to retry within its request timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ._errors import BackendError
+
+__all__ = [
+    "Backend",
+    "Holder",
+    "Interrupt",
+    "Lease",
+    "LeaseGone",
+    "Position",
+    "Ticket",
+    "owner_id",
+    "owner_record",
+]
+
+
+class LeaseGone(BackendError):
+    """The lease a request named no longer exists on the server. The core catches it and starts a new session."""
+
+
+def owner_record(nonce: str) -> bytes:
+    """The value stored with a waiter: an opaque id, plus host and pid for operators reading the store directly."""
+    return json.dumps({"id": nonce, "host": socket.gethostname(), "pid": os.getpid()}).encode("utf-8")
+
+
+def owner_id(value: bytes) -> str:
+    """The opaque id of an :func:`owner_record` ("" when the value is not one)."""
+    try:
+        return str(json.loads(value)["id"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted lease: ``id`` on the server, and the ``ttl`` in seconds the server granted."""
+
+    id: int
+    ttl: float
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One waiter's place in one lock's queue. ``revision`` orders the queue and, at its head, is the fencing token."""
+
+    name: str
+    key: bytes
+    revision: int
+    lease_id: int
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a ticket stands: ``held`` (head of the queue), ``gone`` (its key no longer exists), or waiting.
+
+    When waiting, ``ahead`` is the key of the waiter just in front and ``ahead_revision`` its revision; ``revision`` is
+    the store revision the answer was read at (an etcd watch starts right after it). ``waiters_ahead`` is a hint for
+    messages only, -1 when unknown.
+    """
+
+    held: bool
+    gone: bool = False
+    ahead: bytes = b""
+    ahead_revision: int = 0
+    revision: int = 0
+    waiters_ahead: int = -1
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The current holder of a lock, as the inspector and ``locked()`` see it."""
+
+    name: str
+    token: int
+    lease_id: int
+    owner: str
+    waiters: int
+
+
+@dataclass
+class Interrupt:
+    """Wakes a blocked :meth:`Backend.wait` from another thread (a lost lease, a closed client, asyncio cancel).
+
+    ``fire(reason)`` sets the flag and calls every callback registered with :meth:`on_fire`; a callback registered
+    after the fire runs at once, so a wait that starts just after the fire never blocks.
+    """
+
+    reason: str | None = None
+    _callbacks: list[Callable[[], None]] = field(default_factory=list)
+    _mutex: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def fired(self) -> bool:
+        return self.reason is not None
+
+    def fire(self, reason: str) -> None:
+        with self._mutex:
+            if self.reason is not None:
+                return
+            self.reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_fire(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Register ``callback``; returns a function that unregisters it."""
+        with self._mutex:
+            if self.reason is None:
+                self._callbacks.append(callback)
+                return lambda: self._discard(callback)
+        callback()
+        return lambda: None
+
+    def _discard(self, callback: Callable[[], None]) -> None:
+        with self._mutex, contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
+
+
+class Backend(Protocol):
+    """What a lock service must provide. Implementations: ``_etcd.EtcdBackend`` (and a Redis one)."""
+
+    #: Where the backend points, for error messages: ``"etcd at 127.0.0.1:2379"``.
+    description: str
+
+    def check(self) -> None:
+        """Prove the service is reachable and the credentials work; raise within the connect timeout otherwise."""
+
+    def grant_lease(self, ttl: float) -> Lease:
+        """Grant a new lease of ``ttl`` seconds."""
+
+    def keep_alive(self, lease_id: int, timeout: float) -> float:
+        """Refresh a lease within ``timeout`` s; return its remaining TTL, or ``<= 0`` when the lease is gone."""
+
+    def revoke_lease(self, lease_id: int) -> None:
+        """Revoke a lease (deleting every key on it); a lease that is already gone is not an error."""
+
+    def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+        """Join the queue of lock ``name`` as waiter ``nonce`` on ``lease_id``; idempotent for the same nonce."""
+
+    def position(self, ticket: Ticket) -> Position:
+        """Where ``ticket`` stands now."""
+
+    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
+        """Block until the waiter ahead (``position.ahead``) may be gone, ``timeout`` passes or ``interrupt`` fires.
+
+        Returning says only "look again": the caller always re-reads the position.
+        """
+
+    def dequeue(self, ticket: Ticket) -> bool:
+        """Delete ``ticket``'s key if it is still this ticket; False when it was already gone."""
+
+    def holder(self, name: str) -> Holder | None:
+        """The current holder of ``name``, or None when nobody holds it."""
+
+    def close(self) -> None:
+        """Release client resources (channels, connections). Leases are revoked by the caller first."""
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's connections without touching them, and open new ones lazily."""

@@ -1,0 +1,1 @@
+"""distlock_django: placeholder; the integration lands with its own issue."""

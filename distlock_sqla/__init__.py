@@ -1,0 +1,1 @@
+"""distlock_sqla: placeholder; the integration lands with its own issue."""
