@@ -1,0 +1,98 @@
+"""Helpers shared by the lock tests: a lock holder in another process, and waiting for a condition on a real clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import distlock
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class Worker:
+    """A ``lockworker.py`` process: send commands, read answers, and SIGSTOP/SIGCONT/SIGKILL it."""
+
+    def __init__(self, url: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("lockworker.py")), url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        assert self.read(timeout=30) == {"ready": True}
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, **command: Any) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+
+    def read(self, timeout: float = 30) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            raise AssertionError(f"worker {self.pid} said nothing within {timeout} s")
+        line = self.process.stdout.readline()
+        if not line:
+            raise AssertionError(f"worker {self.pid} exited (code {self.process.poll()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def call(self, timeout: float = 30, **command: Any) -> dict[str, Any]:
+        self.send(**command)
+        return self.read(timeout)
+
+    def stop(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def cont(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)
+            self.process.kill()
+        self.process.wait(10)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> float:
+    """Poll ``condition`` until true; return the seconds it took, fail the test after ``timeout``."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+def waiters(client: distlock.Client, name: str) -> int:
+    """Keys queued behind the holder of ``name`` (-1 when nobody holds it)."""
+    holder = client.holder(name)
+    return -1 if holder is None else holder.waiters

@@ -1,0 +1,155 @@
+"""Holders and waiters that crash, pause or fork, and an etcd that restarts: real processes, real signals."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from _support import Worker, wait_until, waiters
+
+import distlock
+from distlock.testing import EtcdServer
+
+TTL = 2  # etcd's smallest lease with its default election timeout
+
+
+@pytest.fixture
+def worker(etcd_url: str) -> Iterator[Worker]:
+    w = Worker(etcd_url)
+    yield w
+    w.close()
+
+
+def test_sigkilled_holder_frees_the_lock_within_ttl(client: distlock.Client, worker: Worker, lock_name: str) -> None:
+    answer = worker.call(op="acquire", name=lock_name, ttl=TTL)
+    assert answer["acquired"]
+    waiter = client.lock(lock_name, ttl=TTL)
+    result: list[float] = []
+    thread = threading.Thread(target=lambda: waiter.acquire(timeout=30) and result.append(time.monotonic()))
+    thread.start()
+    wait_until(lambda: waiters(client, lock_name) == 1, 5, "our waiter to queue behind the worker")
+    killed_at = time.monotonic()
+    worker.kill()
+    thread.join(30)
+    assert result, "the next waiter never got the lock"
+    assert result[0] - killed_at <= TTL + 1, f"took {result[0] - killed_at:.2f} s"
+    assert waiter.token > answer["token"]
+    waiter.release()
+
+
+def test_sigstopped_holder_loses_the_lock_and_cannot_release_the_new_one(
+    client: distlock.Client, worker: Worker, lock_name: str
+) -> None:
+    first = worker.call(op="acquire", name=lock_name, ttl=TTL)
+    assert first["acquired"]
+    worker.stop()
+    second = client.lock(lock_name, ttl=TTL)
+    try:
+        assert second.acquire(timeout=TTL + 5), "the lease of a stopped holder did not expire"
+        assert second.token > first["token"]
+    finally:
+        worker.cont()
+    assert worker.call(op="status") == {"owned": False, "lost": True}
+    assert worker.call(op="ensure_held")["error"] == "LockLost"
+    assert worker.call(op="release")["error"] == "LockLost"
+    holder = client.holder(lock_name)
+    assert holder is not None and holder.token == second.token, "the stale release touched the new holder's key"
+    second.ensure_held(verify=True)
+    second.release()
+
+
+def test_a_waiter_whose_lease_expires_does_not_get_the_lock(
+    etcd_url: str, client: distlock.Client, worker: Worker, lock_name: str
+) -> None:
+    holder = client.lock(lock_name, ttl=TTL)
+    assert holder.acquire()
+    worker.send(op="acquire", name=lock_name, ttl=TTL, timeout=60)
+    wait_until(lambda: waiters(client, lock_name) == 1, 10, "the worker to queue")
+    with distlock.connect(etcd_url) as other:
+        behind = other.lock(lock_name, ttl=TTL)
+        got: list[bool] = []
+        thread = threading.Thread(target=lambda: got.append(behind.acquire(timeout=30)))
+        thread.start()
+        wait_until(lambda: waiters(client, lock_name) == 2, 10, "a second waiter to queue behind the worker")
+        worker.stop()
+        try:
+            # The stopped worker's lease expires; its key goes, and the waiter behind moves up.
+            wait_until(lambda: waiters(client, lock_name) == 1, TTL + 5, "the stopped waiter's key to expire")
+            holder.release()
+            thread.join(10)
+            assert got == [True], "the waiter behind an expired waiter did not get the lock"
+        finally:
+            worker.cont()
+        # Resumed, the worker finds its key gone and queues again: it does not hold the lock.
+        wait_until(lambda: waiters(client, lock_name) == 1, 10, "the resumed worker to queue again")
+        current = client.holder(lock_name)
+        assert current is not None and current.token == behind.token
+        behind_token = behind.token
+        behind.release()
+        answer = worker.read(timeout=10)
+        assert answer["acquired"] and answer["token"] > behind_token
+        assert worker.call(op="release") == {"ok": True}
+
+
+def test_tokens_and_waiters_survive_an_etcd_restart(etcd_server: EtcdServer, lock_name: str) -> None:
+    with distlock.connect(etcd_server.url, request_timeout=20) as client:
+        with client.lock(lock_name, ttl=10) as lock:
+            before = lock.token
+        holder = client.lock(lock_name, ttl=10)
+        assert holder.acquire()
+        waiter = client.lock(lock_name, ttl=10)
+        got: list[bool] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=60)))
+        thread.start()
+        wait_until(lambda: waiters(client, lock_name) == 1, 5, "the waiter to queue")
+        etcd_server.restart()  # the waiter's watch stream breaks here
+        assert not holder.lost
+        held = holder.token
+        holder.release()
+        thread.join(30)
+        assert got == [True], "the waiter did not resume waiting after etcd restarted"
+        waited = waiter.token
+        assert waited > held > before
+        waiter.release()
+    etcd_server.restart()
+    with distlock.connect(etcd_server.url) as client, client.lock(lock_name, ttl=10) as lock:
+        assert lock.token > waited
+
+
+def _child_uses_inherited_client(client: distlock.Client, parent_lock: distlock.Lock, name: str, queue: object) -> None:
+    q: multiprocessing.Queue[object] = queue  # type: ignore[assignment]
+    try:
+        parent_lock.release()
+        q.put("released the parent's lock")
+    except distlock.LockNotOwned:
+        q.put("refused")
+    with client.lock(name, ttl=TTL) as lock:
+        q.put(lock.token)
+
+
+def test_a_forked_child_gets_its_own_connection_and_leaves_the_parent_alone(
+    client: distlock.Client, lock_name: str
+) -> None:
+    parent_lock = client.lock(f"{lock_name}/parent", ttl=TTL)
+    assert parent_lock.acquire()
+    context = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[object] = context.Queue()
+    children = [
+        context.Process(target=_child_uses_inherited_client, args=(client, parent_lock, f"{lock_name}/child", queue))
+        for _ in range(2)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(30)
+        assert child.exitcode == 0
+    answers = [queue.get(timeout=5) for _ in range(4)]
+    assert answers.count("refused") == 2
+    assert all(isinstance(a, int) for a in answers if a != "refused")
+    # The parent still holds its lock past its TTL: the children neither revoked nor hijacked its lease.
+    time.sleep(TTL + 0.5)
+    parent_lock.ensure_held(verify=True)
+    parent_lock.release()
