@@ -49,7 +49,12 @@ def test_two_threads_on_one_client_exclude_each_other(client: distlock.Client, l
     assert outcome == [False], "a second thread acquired a lock held by the first"
 
     acquired = threading.Event()
-    thread = threading.Thread(target=lambda: second.acquire(timeout=10) and acquired.set())
+
+    def wait() -> None:
+        if second.acquire(timeout=10):
+            acquired.set()
+
+    thread = threading.Thread(target=wait)
     thread.start()
     wait_until(lambda: waiters(client, lock_name) == 1, 5, "the second thread to queue")
     assert not acquired.is_set()

@@ -28,7 +28,12 @@ def test_sigkilled_holder_frees_the_lock_within_ttl(client: distlock.Client, wor
     assert answer["acquired"]
     waiter = client.lock(lock_name, ttl=TTL)
     result: list[float] = []
-    thread = threading.Thread(target=lambda: waiter.acquire(timeout=30) and result.append(time.monotonic()))
+
+    def wait() -> None:
+        if waiter.acquire(timeout=30):
+            result.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
     thread.start()
     wait_until(lambda: waiters(client, lock_name) == 1, 5, "our waiter to queue behind the worker")
     killed_at = time.monotonic()

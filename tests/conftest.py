@@ -1,0 +1,78 @@
+"""Fixtures that run real etcd servers (see `distlock.testing`); a missing etcd binary fails, it never skips.
+
+``DISTLOCK_TEST_ETCD_URL`` points ``etcd_url`` at an existing etcd instead of starting one. Tests that crash,
+pause or restart a server take ``etcd_server`` (a private one) or ``etcd_cluster`` (shared, restored after).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import distlock
+from distlock._errors import ConfigurationError
+from distlock.testing import EtcdCluster, EtcdServer, find_etcd
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    url = os.environ.get("DISTLOCK_TEST_ETCD_URL")
+    if url:
+        return [f"etcd: DISTLOCK_TEST_ETCD_URL={url}"]
+    try:
+        binary = find_etcd()
+    except ConfigurationError as exc:
+        return [f"etcd: {exc}"]
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=10)
+    first_line = (version.stdout.splitlines() or ["version unknown"])[0]
+    return [f"etcd: {binary} ({first_line})"]
+
+
+@pytest.fixture(scope="session")
+def etcd_url() -> Iterator[str]:
+    """The distlock URL of an etcd shared by the whole session: ``$DISTLOCK_TEST_ETCD_URL`` or a fresh server."""
+    url = os.environ.get("DISTLOCK_TEST_ETCD_URL")
+    if url:
+        yield url
+        return
+    with EtcdServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def etcd_server() -> Iterator[EtcdServer]:
+    """A private etcd for this test only, free to kill, pause and restart."""
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster_session() -> Iterator[EtcdCluster]:
+    """A 3-member cluster for the whole session; prefer ``etcd_cluster``, which repairs it after each test."""
+    with EtcdCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def etcd_cluster(etcd_cluster_session: EtcdCluster) -> Iterator[EtcdCluster]:
+    """The session's 3-member cluster, whole before the test; members the test killed, stopped or paused are
+    brought back after it."""
+    etcd_cluster_session.restore()
+    yield etcd_cluster_session
+    etcd_cluster_session.restore()
+
+
+@pytest.fixture
+def lock_name(request: pytest.FixtureRequest) -> str:
+    """A lock name no other test (or run against a shared etcd) uses."""
+    return f"test/{request.node.name}/{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def client(etcd_url: str) -> Iterator[distlock.Client]:
+    """A distlock client on the session's etcd, closed (leases revoked) after the test."""
+    with distlock.connect(etcd_url) as client:
+        yield client

@@ -1,0 +1,103 @@
+"""Queue behaviour: first come first served, one wake-up per release, exact counts under multi-process contention."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import threading
+from pathlib import Path
+
+from _support import wait_until, waiters
+
+import distlock
+from distlock.testing import EtcdServer
+
+
+def _queued(client: distlock.Client, name: str, count: int) -> bool:
+    return waiters(client, name) == count
+
+
+def _hold_once(client: distlock.Client, name: str) -> None:
+    with client.lock(name, ttl=30, timeout=60):
+        pass
+
+
+def _queue_and_record(client: distlock.Client, name: str, count: int) -> tuple[distlock.Lock, list[int]]:
+    """Hold ``name``, queue ``count`` waiters one after another, release; return the order they got the lock."""
+    holder = client.lock(name, ttl=10)
+    assert holder.acquire()
+    order: list[int] = []
+    threads = []
+    for i in range(count):
+
+        def wait(i: int = i) -> None:
+            with client.lock(name, ttl=10, timeout=60):
+                order.append(i)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        threads.append(thread)
+        wait_until(functools.partial(_queued, client, name, i + 1), 10, f"waiter {i} to queue")
+    holder.release()
+    for thread in threads:
+        thread.join(60)
+    return holder, order
+
+
+def test_waiters_acquire_in_arrival_order(client: distlock.Client, lock_name: str) -> None:
+    _, order = _queue_and_record(client, lock_name, 8)
+    assert order == list(range(8))
+
+
+def test_a_release_wakes_only_the_next_waiter(etcd_server: EtcdServer, lock_name: str) -> None:
+    """etcd RPCs per acquisition (from etcd's own /metrics) do not grow with the number of waiters."""
+    per_acquisition: dict[int, float] = {}
+    with distlock.connect(etcd_server.url) as client:
+        for count in (2, 16):
+            name = f"{lock_name}/{count}"
+            holder = client.lock(name, ttl=30)
+            assert holder.acquire()
+            threads = []
+            for i in range(count):
+                thread = threading.Thread(target=_hold_once, args=(client, name))
+                thread.start()
+                threads.append(thread)
+                wait_until(functools.partial(_queued, client, name, i + 1), 10, f"waiter {i} to queue")
+            before = etcd_server.rpc_count()
+            holder.release()
+            for thread in threads:
+                thread.join(60)
+            per_acquisition[count] = (etcd_server.rpc_count() - before) / count
+    # Each hand-over costs the releaser's delete, the woken waiter's queue read, and its release; a thundering herd
+    # would make every waiter read on every release (~count/2 reads per acquisition).
+    print(f"etcd RPCs per acquisition: {per_acquisition}")
+    assert per_acquisition[16] <= per_acquisition[2] + 0.5, per_acquisition
+    assert per_acquisition[16] <= 4, per_acquisition
+
+
+def _increment(url: str, name: str, path: str, rounds: int, barrier: object) -> None:
+    sync: threading.Barrier = barrier  # type: ignore[assignment]
+    with distlock.connect(url) as client:
+        lock = client.lock(name, ttl=10, timeout=120)
+        sync.wait()
+        for _ in range(rounds):
+            with lock:
+                counter = Path(path)
+                value = int(counter.read_text())
+                counter.write_text(str(value + 1))
+
+
+def test_eight_processes_increment_a_counter_exactly(etcd_url: str, lock_name: str, tmp_path: Path) -> None:
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(8)
+    processes = [
+        context.Process(target=_increment, args=(etcd_url, lock_name, str(counter), 25, barrier)) for _ in range(8)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(180)
+        assert process.exitcode == 0
+    assert int(counter.read_text()) == 8 * 25
