@@ -11,6 +11,8 @@ it a *fencing token* — strictly increasing from holder to holder — so the da
         save(order, fence_token=lock.token)
 """
 
+import logging
+
 from ._client import Client, connect
 from ._errors import (
     AuthenticationFailed,
@@ -29,6 +31,9 @@ from ._lock import AsyncLock, Lock, current_lock, current_token
 from ._protocol import Holder
 
 __version__ = "0.1.0"
+
+# A library logs, the application decides where it goes (lost locks are logged as warnings on "distlock").
+logging.getLogger("distlock").addHandler(logging.NullHandler())
 
 __all__ = [
     "AsyncLock",

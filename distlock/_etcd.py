@@ -380,11 +380,11 @@ class EtcdBackend:
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
         self._connect()
-        create = etcdrpc.WatchCreateRequest(
-            key=position.ahead,
-            start_revision=position.revision + 1,
-            filters=[etcdrpc.WatchCreateRequest.NOPUT],
-        )
+        # Watch from "now", not from position.revision + 1: etcd serves a watch that starts in the past from its
+        # unsynced-watcher loop, every 100 ms, and under contention the revision has always moved on by the time
+        # the watch is created. A deletion between our read and the watch's start would then go unseen, so when
+        # the watch starts later than the read, we read the queue again (one more request) before waiting.
+        create = etcdrpc.WatchCreateRequest(key=position.ahead, filters=[etcdrpc.WatchCreateRequest.NOPUT])
         started = _clock.now()
         responses = self._watch.Watch(
             iter((etcdrpc.WatchRequest(create_request=create),)), timeout=timeout, metadata=self._metadata()
@@ -393,7 +393,13 @@ class EtcdBackend:
         try:
             for response in responses:
                 if response.canceled or response.compact_revision:
-                    return  # compacted past our start revision, or refused: read the queue again
+                    return  # refused, or compacted: read the queue again
+                if response.created:
+                    if int(response.header.revision) > position.revision:
+                        now = self.position(ticket)
+                        if now.held or now.gone or now.ahead != position.ahead:
+                            return
+                    continue
                 if response.events:
                     return
         except grpc.RpcError as e:

@@ -58,7 +58,9 @@ _LEASE_LOST = "lease lost"
 def current_lock(name: str | None = None) -> Lock | None:
     """The innermost lock held in this context (of ``name``, when given), or None."""
     for lock in reversed(_held.get()):
-        if name is None or lock.name == name:
+        # A handle released elsewhere (another thread or task) is skipped; a lost one is still returned: its
+        # token is what makes the database refuse the writes it should no longer make.
+        if lock._ticket is not None and (name is None or lock.name == name):
             return lock
     return None
 
@@ -198,7 +200,9 @@ class Lock:
                         ticket = None
                         return False
                     backend.wait(ticket, position, None if remaining == math.inf else remaining, wake)
-                    if wake.fired and wake.reason != _LEASE_LOST:
+                    if (wake.fired and wake.reason != _LEASE_LOST) or _clock.now() >= deadline:
+                        # Out of time (or cancelled): give up without asking the server anything more, so an
+                        # unreachable server makes acquire() return False on time rather than raise late.
                         self._give_up(ticket, session)
                         ticket = None
                         return False

@@ -48,9 +48,17 @@ class LeaseGone(BackendError):
     """The lease a request named no longer exists on the server. The core catches it and starts a new session."""
 
 
+_process_tag: dict[int, str] = {}
+
+
 def owner_record(nonce: str) -> bytes:
     """The value stored with a waiter: an opaque id, plus host and pid for operators reading the store directly."""
-    return json.dumps({"id": nonce, "host": socket.gethostname(), "pid": os.getpid()}).encode("utf-8")
+    pid = os.getpid()
+    tag = _process_tag.get(pid)
+    if tag is None:  # first call in this process (a forked child too)
+        _process_tag.clear()
+        tag = _process_tag[pid] = json.dumps({"host": socket.gethostname(), "pid": pid})[1:]
+    return f'{{"id": "{nonce}", {tag}'.encode()
 
 
 def owner_id(value: bytes) -> str:

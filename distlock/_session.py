@@ -131,9 +131,9 @@ class Keeper:
             return session
 
     def attach(self, session: Session, member: Member) -> None:
+        # No wake-up for the thread: a member has no hold deadline until it holds, and then calls changed().
         with self._cond:
             session.members.add(member)
-            self._cond.notify_all()
 
     def detach(self, session: Session, member: Member) -> None:
         with self._cond:

@@ -319,6 +319,21 @@ def _http_get(
         connection.close()
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """True when every thread of ``pid`` is in the stopped state (Linux /proc); True where /proc is missing."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return True
+    try:
+        for task in tasks.iterdir():
+            stat = (task / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                return False
+    except OSError:
+        return True
+    return True
+
+
 class EtcdServer:
     """One etcd process on loopback, in its own temporary directory.
 
@@ -407,6 +422,10 @@ class EtcdServer:
         """Freeze etcd with SIGSTOP: it answers nothing, and its peers see it as gone, until ``resume()``."""
         self._signal(signal.SIGSTOP)
         self._paused = True
+        # kill() returns before every thread of the process has stopped: wait until the kernel says it is stopped.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not _all_threads_stopped(self.pid):
+            time.sleep(0.005)
 
     def resume(self) -> None:
         """Continue a paused etcd (SIGCONT)."""

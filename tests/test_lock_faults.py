@@ -158,3 +158,21 @@ def test_a_forked_child_gets_its_own_connection_and_leaves_the_parent_alone(
     time.sleep(TTL + 0.5)
     parent_lock.ensure_held(verify=True)
     parent_lock.release()
+
+
+def test_a_waiter_that_gives_up_during_an_outage_is_removed_later(etcd_server: EtcdServer, lock_name: str) -> None:
+    with distlock.connect(etcd_server.url) as observer, distlock.connect(etcd_server.url, request_timeout=1) as client:
+        holder = observer.lock(lock_name, ttl=30)
+        assert holder.acquire()
+        result: list[bool] = []
+        thread = threading.Thread(target=lambda: result.append(client.lock(lock_name, ttl=30).acquire(timeout=1.5)))
+        thread.start()
+        wait_until(lambda: waiters(observer, lock_name) == 1, 5, "the waiter to queue")
+        etcd_server.pause()  # the waiter's timeout strikes while etcd cannot answer its delete
+        try:
+            thread.join(15)
+            assert result == [False]
+        finally:
+            etcd_server.resume()
+        wait_until(lambda: waiters(observer, lock_name) == 0, 10, "the background retry to remove the waiter's key")
+        holder.release()
