@@ -20,15 +20,19 @@ from ._errors import (
     BackendUnavailable,
     ConfigurationError,
     DistlockError,
+    InvalidKeyTemplate,
     InvalidLockName,
     LockError,
     LockLost,
     LockNotAcquired,
     LockNotOwned,
     StaleFenceToken,
+    UnfencedWrite,
 )
+from ._fence import Fence, current_fence, fence_for
 from ._lock import AsyncLock, Lock, current_lock, current_token
 from ._protocol import Holder
+from ._template import KeyTemplate
 
 __version__ = "0.1.0"
 
@@ -43,16 +47,22 @@ __all__ = [
     "Client",
     "ConfigurationError",
     "DistlockError",
+    "Fence",
     "Holder",
+    "InvalidKeyTemplate",
     "InvalidLockName",
+    "KeyTemplate",
     "Lock",
     "LockError",
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
     "StaleFenceToken",
+    "UnfencedWrite",
     "__version__",
     "connect",
+    "current_fence",
     "current_lock",
     "current_token",
+    "fence_for",
 ]

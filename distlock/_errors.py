@@ -5,7 +5,8 @@ translated at the backend boundary and kept as ``__cause__``. The tree::
 
     DistlockError
     ├── ConfigurationError (also ValueError)   a bad URL, option or argument; a missing extra
-    │   └── InvalidLockName                    empty, too long, control characters, not text
+    │   ├── InvalidLockName                    empty, too long, control characters, not text
+    │   └── InvalidKeyTemplate                 a malformed lock-name template, or a field the call lacks
     ├── BackendError                           the lock service failed us
     │   ├── BackendUnavailable (also ConnectionError)
     │   │                                      unreachable, timed out, no leader; names the endpoint
@@ -14,7 +15,8 @@ translated at the backend boundary and kept as ``__cause__``. The tree::
     │   ├── LockNotAcquired                    not acquired within ``timeout`` (or at once when not blocking)
     │   ├── LockNotOwned                       released or read while this handle does not hold it
     │   └── LockLost                           the lease behind it expired, was revoked, or the hold time ran out
-    └── StaleFenceToken                        the database refused a write made with an older fencing token
+    ├── StaleFenceToken                        the database refused a write made with an older fencing token
+    └── UnfencedWrite                          strict mode: a write to a fenced row without its lock's token
 
 ``LockLost`` says the lock *may already be held by someone else*: work done under it is not protected by the lock,
 only by fenced writes.
@@ -30,12 +32,14 @@ __all__ = [
     "BackendUnavailable",
     "ConfigurationError",
     "DistlockError",
+    "InvalidKeyTemplate",
     "InvalidLockName",
     "LockError",
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
     "StaleFenceToken",
+    "UnfencedWrite",
 ]
 
 
@@ -49,6 +53,10 @@ class ConfigurationError(DistlockError, ValueError):
 
 class InvalidLockName(ConfigurationError):
     """A lock name that cannot be used as a key: empty, too long, with control characters, or not text."""
+
+
+class InvalidKeyTemplate(ConfigurationError):
+    """A lock-name template that cannot be parsed, or a call that lacks a field the template names."""
 
 
 class BackendError(DistlockError):
@@ -98,3 +106,7 @@ class StaleFenceToken(DistlockError):
         self.token = token
         self.row = row
         self.current = current
+
+
+class UnfencedWrite(DistlockError):
+    """Strict fencing: a write to a fenced row was attempted without holding the lock that guards it."""

@@ -45,6 +45,7 @@ from ._session import Session
 
 if TYPE_CHECKING:
     from ._client import Client
+    from ._fence import Fence
 
 __all__ = ["AsyncLock", "Lock", "current_lock", "current_token"]
 
@@ -255,6 +256,13 @@ class Lock:
         return ticket.revision
 
     @property
+    def fence(self) -> Fence:
+        """The fencing token with this lock's name, for fenced writes. Raises if not held."""
+        from ._fence import Fence
+
+        return Fence(self.name, self.token)
+
+    @property
     def lost(self) -> bool:
         """True once this hold is known lost (lease expired or revoked, or ``max_hold`` passed)."""
         return self._lost_reason is not None or self._check_deadlines() is not None
@@ -424,6 +432,13 @@ class AsyncLock:
     @property
     def token(self) -> int:
         return self._lock.token
+
+    @property
+    def fence(self) -> Fence:
+        """The fencing token with this lock's name, for fenced writes. Raises if not held."""
+        from ._fence import Fence
+
+        return Fence(self.name, self.token)
 
     @property
     def lost(self) -> bool:

@@ -1,0 +1,50 @@
+"""The exported surface stays exported, and the error tree stays what the docs draw."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import distlock
+
+CONTRACT = {
+    "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ConfigurationError",
+    "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate", "Lock", "LockError",
+    "LockLost", "LockNotAcquired", "LockNotOwned", "StaleFenceToken", "UnfencedWrite", "connect", "current_fence",
+    "current_lock", "current_token", "fence_for",
+}  # fmt: skip
+
+
+def test_exported_names_stay_exported() -> None:
+    assert set(distlock.__all__) >= CONTRACT
+    assert distlock.__all__ == sorted(distlock.__all__)
+    for name in distlock.__all__:
+        assert hasattr(distlock, name), name
+
+
+@pytest.mark.parametrize(
+    ("error", "parents"),
+    [
+        (distlock.ConfigurationError, (distlock.DistlockError, ValueError)),
+        (distlock.InvalidLockName, (distlock.ConfigurationError,)),
+        (distlock.InvalidKeyTemplate, (distlock.ConfigurationError,)),
+        (distlock.BackendUnavailable, (distlock.BackendError, ConnectionError)),
+        (distlock.AuthenticationFailed, (distlock.BackendError,)),
+        (distlock.LockNotAcquired, (distlock.LockError,)),
+        (distlock.LockNotOwned, (distlock.LockError,)),
+        (distlock.LockLost, (distlock.LockError,)),
+        (distlock.StaleFenceToken, (distlock.DistlockError,)),
+        (distlock.UnfencedWrite, (distlock.DistlockError,)),
+    ],
+)
+def test_error_tree(error: type[Exception], parents: tuple[type[Exception], ...]) -> None:
+    assert issubclass(error, parents)
+    assert issubclass(error, distlock.DistlockError)
+
+
+def test_importing_distlock_imports_no_framework() -> None:
+    code = "import sys, distlock, distlock_sqla; print(sorted(m for m in ('django', 'grpc') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", "importing distlock pulled in a framework or the etcd client eagerly"

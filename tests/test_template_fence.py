@@ -1,0 +1,47 @@
+"""Lock-name templates and fences: what the integrations build on."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import distlock
+
+
+def test_template_renders_names_attributes_and_items() -> None:
+    template = distlock.KeyTemplate("order:{order.pk}:{request.user.id}:{data[id]}:{n}")
+    assert template.fields == ("order", "request", "data", "n")
+    request = SimpleNamespace(user=SimpleNamespace(id=7))
+    values = {"order": SimpleNamespace(pk=42), "request": request, "data": {"id": "x"}, "n": 3}
+    assert template.render(values) == "order:42:7:x:3"
+
+
+@pytest.mark.parametrize("text", ["", "a{", "a}", "{}", "{0}", "{x!r}", "{x:>4}", "{x.}", "{x[]}", "{1x}"])
+def test_malformed_templates_fail_when_declared(text: str) -> None:
+    with pytest.raises(distlock.InvalidKeyTemplate):
+        distlock.KeyTemplate(text)
+
+
+def test_missing_and_unresolvable_fields_fail_when_rendered() -> None:
+    template = distlock.KeyTemplate("order:{order_id}:{user.pk}")
+    with pytest.raises(distlock.InvalidKeyTemplate, match="needs 'order_id', but the call provides: user"):
+        template.render({"user": SimpleNamespace(pk=1)})
+    with pytest.raises(distlock.InvalidKeyTemplate, match=r"cannot resolve \{user.pk\}"):
+        template.render({"order_id": 1, "user": object()})
+
+
+def test_a_rendered_name_is_validated() -> None:
+    with pytest.raises(distlock.InvalidLockName):
+        distlock.KeyTemplate("x:{v}").render({"v": "a\nb"})
+
+
+def test_fence_for_uses_the_lock_of_that_name(client: distlock.Client, lock_name: str) -> None:
+    assert distlock.fence_for(f"{lock_name}:1") is None
+    with client.lock(f"{lock_name}:1", ttl=5) as one, client.lock(f"{lock_name}:2", ttl=5) as two:
+        assert distlock.fence_for(f"{lock_name}:1") == distlock.Fence(one.name, one.token)
+        assert distlock.fence_for(f"{lock_name}:2") == two.fence
+        assert distlock.fence_for(f"{lock_name}:1", one) == one.fence
+        assert distlock.current_fence() == two.fence
+        with pytest.raises(distlock.LockNotOwned, match="guarded by lock"):
+            distlock.fence_for(f"{lock_name}:1", two.fence)
