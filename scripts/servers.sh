@@ -1,0 +1,57 @@
+# Sourced by scripts/test.sh before pytest (also runnable as `bash scripts/servers.sh`): make sure the Redis and
+# PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here.
+# Missing ones are installed with apt-get when we are root (Debian packages redis-server and postgresql);
+# otherwise it prints what to install and fails. Their Debian postinst scripts would start system-wide services:
+# a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run starts its own).
+# $DISTLOCK_REDIS_BIN (a redis-server binary) and $DISTLOCK_PG_BIN (a directory with postgres and initdb) count as
+# present, as does a PostgreSQL in /usr/lib/postgresql/*/bin or pg_ctl on $PATH.
+
+distlock_have_redis() {
+  if [ -n "${DISTLOCK_REDIS_BIN:-}" ]; then [ -x "$DISTLOCK_REDIS_BIN" ]; else command -v redis-server >/dev/null; fi
+}
+
+distlock_have_postgres() {
+  if [ -n "${DISTLOCK_PG_BIN:-}" ]; then
+    [ -x "$DISTLOCK_PG_BIN/postgres" ] && [ -x "$DISTLOCK_PG_BIN/initdb" ]
+  else
+    compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || command -v pg_ctl >/dev/null
+  fi
+}
+
+distlock_ensure_servers() {
+  local missing=()
+  distlock_have_redis || missing+=(redis-server)
+  distlock_have_postgres || missing+=(postgresql)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "the tests need real Redis and PostgreSQL servers; missing: ${missing[*]}." >&2
+    echo "Install the Debian/Ubuntu packages (sudo apt-get install ${missing[*]}), or point \$DISTLOCK_REDIS_BIN at a" >&2
+    echo "redis-server binary and \$DISTLOCK_PG_BIN at a PostgreSQL bin directory." >&2
+    return 1
+  fi
+  echo "installing ${missing[*]} with apt-get (for the test fixtures' throwaway servers) ..." >&2
+  local policy=/usr/sbin/policy-rc.d created_policy=""
+  if [ ! -e "$policy" ]; then
+    # Exit code 101 = "action forbidden": the packages' postinst must not start system-wide services.
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && created_policy=1
+  fi
+  local status=0
+  {
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+  } || status=$?
+  [ -n "$created_policy" ] && rm -f "$policy"
+  if [ "$status" -ne 0 ]; then
+    echo "apt-get could not install ${missing[*]} (exit $status)" >&2
+    return 1
+  fi
+  distlock_have_redis && distlock_have_postgres
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -euo pipefail
+  distlock_ensure_servers
+else
+  distlock_ensure_servers || exit 1
+fi
