@@ -30,8 +30,8 @@ What can go wrong:
   reachable by that user: a ``$TMPDIR`` under ``/root`` is not, and initdb then fails with its own message.
 - The server exits or is not ready within ``start_timeout``: `ServerStartError` with the tail of its log. A port
   taken between choosing it and binding it is retried with a new port on a first start; a restart keeps its port.
-- ``kill()`` SIGKILLs the whole process group (PostgreSQL's backends too, so a restart does not find them
-  holding the old shared memory). ``close()``, garbage collection and interpreter exit kill the server and
+- ``kill()`` SIGKILLs the server's whole process tree (PostgreSQL's backends too, so a restart does not find
+  them holding the old shared memory). ``close()``, garbage collection and interpreter exit kill the server and
   remove the directory; only a Python process killed by SIGKILL leaves servers behind: look for processes
   with data under ``$TMPDIR/distlock-pg-*`` or ``$TMPDIR/distlock-redis-*``.
 - ``command_stats()`` counts the server's own lifetime: it restarts from zero with the process, and each call
@@ -165,19 +165,64 @@ def _postgres_os_user() -> pwd.struct_passwd | None:
         raise ConfigurationError(f"could not create the user {_PG_SYSTEM_USER}: {result.stderr.strip()}") from None
 
 
-class _GroupProcess(_Process):
-    """A server started in a session of its own: killing it kills its whole process group.
+class _TreeProcess(_Process):
+    """A server whose ``kill()`` SIGKILLs its whole process tree, as a crash of the machine's service would.
 
-    PostgreSQL's backends outlive a SIGKILLed postmaster for a moment and keep its shared memory attached; a
-    restart in that moment would refuse to start. Killing the group takes them down with it.
+    PostgreSQL's backends put themselves in sessions of their own (so killing the process group misses them),
+    and one busy in a query does not notice its postmaster's death: it would keep the old shared memory
+    attached and make a restart refuse to start. So the tree is frozen top-down with SIGSTOP (a stopped parent
+    forks no new child while we look for its children), then every process in it is SIGKILLed.
     """
 
     def kill(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            _kill_tree(self.popen.pid)
+        self.popen.wait()
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not; orphans' parent is init)."""
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split() or ["Z"])[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_tree(root: int) -> None:
+    if not Path("/proc").is_dir():  # no way to find the descendants: kill what we can
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(root, signal.SIGKILL)
+        return
+    frozen: list[int] = []
+    level = [root]
+    while level:
+        for pid in level:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-        if self.popen is not None:
-            self.popen.wait()
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+        children = _children_by_parent()
+        level = [child for pid in level for child in children.get(pid, []) if child not in frozen]
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    # SIGKILL takes effect when a process is next scheduled: wait, so that a restart finds them gone.
+    deadline = time.monotonic() + 5
+    while any(_is_alive(pid) for pid in frozen[1:]) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _finalize(process: _Process, owned_dir: Path) -> None:
@@ -186,7 +231,7 @@ def _finalize(process: _Process, owned_dir: Path) -> None:
 
 
 class _LocalServer:
-    """What PostgresServer and RedisServer share: a temp dir, a log, one process group, a port, start/kill/close."""
+    """What PostgresServer and RedisServer share: a temp dir, a log, one process tree, a port, start/kill/close."""
 
     _kind = "server"
     _log_name = "server.log"
@@ -194,7 +239,7 @@ class _LocalServer:
     def __init__(self, prefix: str, start_timeout: float) -> None:
         self._start_timeout = start_timeout
         self._dir = Path(tempfile.mkdtemp(prefix=prefix))
-        self._process = _GroupProcess()
+        self._process = _TreeProcess()
         self._finalizer = weakref.finalize(self, _finalize, self._process, self._dir)
         self._port: int | None = None
         self._started = False  # the port is fixed after the first successful start
@@ -241,7 +286,7 @@ class _LocalServer:
             self._after_first_start()
 
     def kill(self) -> None:
-        """SIGKILL the server's process group, as in a crash; the data stays for ``start()``."""
+        """SIGKILL the server and its child processes, as in a crash; the data stays for ``start()``."""
         self._process.kill()
 
     def _stop(self, signum: int, timeout: float) -> None:
@@ -346,7 +391,7 @@ class _LocalServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group (see _GroupProcess), and Ctrl-C reaches only us
+                start_new_session=True,  # its own process group (see _TreeProcess), and Ctrl-C reaches only us
                 **self._popen_kwargs(),
             )
 
@@ -391,8 +436,9 @@ class PostgresServer(_LocalServer):
         self._user = _postgres_os_user()
         self._settings = {
             "listen_addresses": _HOST,
+            # fsync off, but commits still write their WAL before answering (synchronous_commit stays on): a
+            # killed server keeps every commit it acknowledged; only a crash of the machine could lose them.
             "fsync": "off",
-            "synchronous_commit": "off",
             "full_page_writes": "off",
             "shared_buffers": "32MB",
             "max_connections": "200",

@@ -76,3 +76,44 @@ def client(etcd_url: str) -> Iterator[distlock.Client]:
     """A distlock client on the session's etcd, closed (leases revoked) after the test."""
     with distlock.connect(etcd_url) as client:
         yield client
+
+
+# PostgreSQL and Redis: like etcd, real servers the fixtures start (distlock.testing.PostgresServer/RedisServer).
+# A missing binary raises ConfigurationError when a fixture builds its server, so it errors the tests that need
+# one and nothing else (scripts/servers.sh installs both).
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[distlock.testing.PostgresServer]:
+    """A PostgreSQL server started for the whole session (even with ``$DISTLOCK_TEST_POSTGRES_URL`` set)."""
+    with distlock.testing.PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(request: pytest.FixtureRequest) -> str:
+    """A libpq URL of a PostgreSQL database for the session: ``$DISTLOCK_TEST_POSTGRES_URL``, else the
+    ``postgres_server`` fixture's (started only when this fixture needs it)."""
+    url = os.environ.get("DISTLOCK_TEST_POSTGRES_URL")
+    if url:
+        return url
+    server: distlock.testing.PostgresServer = request.getfixturevalue("postgres_server")
+    return server.dsn
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The URL of a Redis shared by the whole session: ``$DISTLOCK_TEST_REDIS_URL`` or a fresh server."""
+    url = os.environ.get("DISTLOCK_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    with distlock.testing.RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_server() -> Iterator[distlock.testing.RedisServer]:
+    """A private Redis for this test only (append-only file on), free to kill, pause and restart."""
+    with distlock.testing.RedisServer(appendonly=True) as server:
+        yield server
