@@ -46,7 +46,10 @@ distlock_ensure_servers() {
     echo "apt-get could not install ${missing[*]} (exit $status)" >&2
     return 1
   fi
-  distlock_have_redis && distlock_have_postgres
+  if ! distlock_have_redis || ! distlock_have_postgres; then
+    echo "installed ${missing[*]}, but the servers are still not found: check \$DISTLOCK_REDIS_BIN and \$DISTLOCK_PG_BIN" >&2
+    return 1
+  fi
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
