@@ -1,1 +1,45 @@
-"""distlock_django: placeholder; the integration lands with its own issue."""
+"""distlock_django: distributed locks and fenced writes for Django.
+
+- ``@distributed_lock("order:{order_id}")`` on views (sync, async, class-based) and functions, or
+  ``with distributed_lock("name"):``;
+- ``DistributedLockMiddleware`` locking around views chosen by ``DISTLOCK["RULES"]``;
+- ``FencedModel``: claim-on-read (``.fenced()``), fenced ``save()``/``delete()``/``create()``/``fenced_update()``.
+
+Add ``"distlock_django"`` to ``INSTALLED_APPS`` for the system checks; configure with one ``DISTLOCK`` dict.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from ._client import get_client, reset_client
+from ._conf import conf, lock_name
+from ._decorators import distributed_lock
+from ._middleware import DistributedLockMiddleware
+
+if TYPE_CHECKING:
+    from ._models import FencedManager, FencedModel, FencedQuerySet, fence_of
+
+_MODELS = {"FencedManager", "FencedModel", "FencedQuerySet", "fence_of"}
+
+
+def __getattr__(name: str) -> Any:
+    # Models can only be defined once the app registry is ready, and this package is itself an installed app:
+    # the model names are imported on first use, not when Django imports the app.
+    if name in _MODELS:
+        from . import _models
+
+        return getattr(_models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DistributedLockMiddleware",
+    "FencedManager",
+    "FencedModel",
+    "FencedQuerySet",
+    "conf",
+    "distributed_lock",
+    "fence_of",
+    "get_client",
+    "lock_name",
+    "reset_client",
+]

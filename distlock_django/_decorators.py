@@ -1,0 +1,276 @@
+"""``@distributed_lock("order:{order_id}")``: one holder at a time for a view, a class-based view or a function.
+
+The lock name comes from the template, rendered per call from the call's bound arguments (defaults applied, URL
+kwargs included: ``**kwargs`` is merged in), with attribute access such as ``{request.user.pk}``. A template that
+names a parameter the function cannot have fails when decorating; a value missing at call time fails then, both
+with ``InvalidKeyTemplate``.
+
+In a view (any call with an ``HttpRequest`` argument): a busy lock answers ``DISTLOCK["CONTENTION_STATUS"]``
+(423 by default, or 409) with ``Retry-After``, or raises ``LockNotAcquired`` when that setting is None; a
+``LockLost`` or ``StaleFenceToken`` escaping the view answers ``CONFLICT_STATUS`` (409). Responses say neither who
+holds the lock nor any token. Elsewhere the errors propagate.
+
+Release waits for commit: a lock that ends inside ``transaction.atomic()`` or ``ATOMIC_REQUESTS`` is released when
+the transaction commits or rolls back (see ``_tx.py``), so the next holder never reads what this one had not
+committed. Async views release at once (Django forbids ``ATOMIC_REQUESTS`` for them).
+
+Also a context manager for a fixed name: ``with distributed_lock("report:daily") as lock: ...``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+from asgiref.sync import iscoroutinefunction
+from django.http import HttpRequest, HttpResponse
+
+import distlock
+from distlock import InvalidKeyTemplate, KeyTemplate, LockLost, LockNotAcquired, StaleFenceToken
+
+from ._client import get_client
+from ._conf import conf, lock_name
+from ._tx import release_after_commit
+
+__all__ = ["busy_response", "conflict_response", "distributed_lock"]
+
+log = logging.getLogger("distlock.django")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T", bound=type)
+
+
+def busy_response() -> HttpResponse:
+    """The answer to a request whose lock is busy (no holder or token in it)."""
+    settings = conf()
+    response = HttpResponse(
+        "This resource is busy with another request. Retry shortly.\n",
+        status=int(settings["CONTENTION_STATUS"]),
+        content_type="text/plain; charset=utf-8",
+    )
+    response["Retry-After"] = str(settings["RETRY_AFTER"])
+    return response
+
+
+def conflict_response() -> HttpResponse:
+    """The answer when the lock was lost or the database refused a stale write."""
+    return HttpResponse(
+        "This resource was changed by another request meanwhile. Reload and retry.\n",
+        status=int(conf()["CONFLICT_STATUS"]),
+        content_type="text/plain; charset=utf-8",
+    )
+
+
+def _positive(value: float | None, what: str) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+        raise distlock.ConfigurationError(f"{what} must be a number of seconds >= 0, not {value!r}")
+    return value
+
+
+class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(...), with distributed_lock(...)
+    """Decorate a view/function (or use as a context manager) to hold a distributed lock around it."""
+
+    def __init__(
+        self, key: str, *, ttl: float | None = None, timeout: float | None = None, blocking: bool = True
+    ) -> None:
+        self.template = KeyTemplate(key)
+        self.ttl = _positive(ttl, "ttl")
+        self.timeout = _positive(timeout, "timeout")
+        self.blocking = blocking
+        self._held: contextvars.ContextVar[tuple[distlock.Lock, ...]] = contextvars.ContextVar(
+            f"distlock_django_{id(self)}", default=()
+        )
+
+    def __repr__(self) -> str:
+        return f"distributed_lock({self.template.template!r})"
+
+    def _lock(self, name: str) -> distlock.Lock:
+        settings = conf()
+        return get_client().lock(
+            lock_name(name),
+            ttl=settings["TTL"] if self.ttl is None else self.ttl,
+            timeout=settings["TIMEOUT"] if self.timeout is None else self.timeout,
+        )
+
+    # -- decorator --------------------------------------------------------------------------------------------
+
+    @overload
+    def __call__(self, target: T) -> T: ...
+
+    @overload
+    def __call__(self, target: Callable[P, R]) -> Callable[P, R]: ...
+
+    def __call__(self, target: Any) -> Any:
+        if isinstance(target, type):
+            # A class-based view: lock around dispatch(), so every handler method is covered.
+            dispatch = getattr(target, "dispatch", None)
+            if dispatch is None:
+                raise InvalidKeyTemplate(f"@distributed_lock on a class needs a view class with dispatch(): {target!r}")
+            if getattr(target, "view_is_async", False):
+                target.dispatch = self._wrap_async(dispatch, awaits_result=True)  # type: ignore[attr-defined]
+            else:
+                target.dispatch = self._wrap_sync(dispatch)  # type: ignore[attr-defined]
+            return target
+        if not callable(target):
+            raise InvalidKeyTemplate(f"@distributed_lock decorates a function or a view class, not {target!r}")
+        if iscoroutinefunction(target):
+            return self._wrap_async(target, awaits_result=False)
+        return self._wrap_sync(target)
+
+    def _signature(self, func: Callable[..., Any]) -> inspect.Signature:
+        signature = inspect.signature(func)
+        parameters = signature.parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            missing = [field for field in self.template.fields if field not in parameters]
+            if missing:
+                raise InvalidKeyTemplate(
+                    f"lock key template {self.template.template!r} names {', '.join(map(repr, missing))}, which "
+                    f"{getattr(func, '__qualname__', func)!r} has no parameter for; it has: "
+                    f"{', '.join(parameters) or 'none'}"
+                )
+        return signature
+
+    def _name_for(self, signature: inspect.Signature, args: Any, kwargs: Any) -> tuple[str, HttpRequest | None]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values: dict[str, Any] = {}
+        request: HttpRequest | None = None
+        for name, value in bound.arguments.items():
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                values.update(value)
+            elif kind is not inspect.Parameter.VAR_POSITIONAL:
+                values[name] = value
+            if isinstance(value, HttpRequest) and request is None:
+                request = value
+        return self.template.render(values), request
+
+    def _wrap_sync(self, func: Callable[P, R]) -> Callable[P, R]:
+        signature = self._signature(func)
+
+        @functools.wraps(func)
+        def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+            name, request = self._name_for(signature, args, kwargs)
+            lock = self._lock(name)
+            if not lock.acquire(blocking=self.blocking):
+                return cast(R, self._busy(lock, request))
+            try:
+                result = func(*args, **kwargs)
+            except (LockLost, StaleFenceToken) as e:
+                release_after_commit_quietly(lock)
+                if request is None:
+                    raise
+                log.warning("distlock: %s answered %s: %s", request.path, conf()["CONFLICT_STATUS"], e)
+                return cast(R, conflict_response())
+            except BaseException:
+                release_after_commit_quietly(lock)
+                raise
+            if request is None:
+                release_after_commit(lock)
+            else:
+                release_after_commit_quietly(lock)
+            return result
+
+        return locked
+
+    def _wrap_async(self, func: Callable[..., Any], *, awaits_result: bool) -> Callable[..., Any]:
+        signature = self._signature(func)
+
+        @functools.wraps(func)
+        async def locked(*args: Any, **kwargs: Any) -> Any:
+            name, request = self._name_for(signature, args, kwargs)
+            lock = distlock.AsyncLock(self._lock(name))
+            if not await lock.acquire(blocking=self.blocking):
+                return self._busy(lock.sync, request)
+            try:
+                result = func(*args, **kwargs)
+                if awaits_result or inspect.isawaitable(result):
+                    result = await cast(Awaitable[Any], result)
+            except (LockLost, StaleFenceToken) as e:
+                await _arelease_quietly(lock)
+                if request is None:
+                    raise
+                log.warning("distlock: %s answered %s: %s", request.path, conf()["CONFLICT_STATUS"], e)
+                return conflict_response()
+            except BaseException:
+                await _arelease_quietly(lock)
+                raise
+            if request is None:
+                await lock.release()
+            else:
+                await _arelease_quietly(lock)
+            return result
+
+        return locked
+
+    def _busy(self, lock: distlock.Lock, request: HttpRequest | None) -> HttpResponse:
+        if request is None or conf()["CONTENTION_STATUS"] is None:
+            raise LockNotAcquired(
+                f"lock {lock.name!r} is busy (waited {lock.timeout if self.blocking else 0:g} s)", name=lock.name
+            )
+        return busy_response()
+
+    # -- context manager --------------------------------------------------------------------------------------
+
+    def _fixed_name(self) -> str:
+        if self.template.fields:
+            raise InvalidKeyTemplate(
+                f"lock key template {self.template.template!r} has fields; as a context manager "
+                "distributed_lock needs a complete name (format it first), or use it as a decorator"
+            )
+        return self.template.template
+
+    def __enter__(self) -> distlock.Lock:
+        lock = self._lock(self._fixed_name())
+        if not lock.acquire(blocking=self.blocking):
+            raise LockNotAcquired(f"lock {lock.name!r} is busy", name=lock.name)
+        self._held.set((*self._held.get(), lock))
+        return lock
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        *rest, lock = self._held.get()
+        self._held.set(tuple(rest))
+        if kind is None:
+            release_after_commit(lock)
+        else:
+            release_after_commit_quietly(lock)
+
+    async def __aenter__(self) -> distlock.AsyncLock:
+        lock = distlock.AsyncLock(self._lock(self._fixed_name()))
+        if not await lock.acquire(blocking=self.blocking):
+            raise LockNotAcquired(f"lock {lock.name!r} is busy", name=lock.name)
+        self._held.set((*self._held.get(), lock.sync))
+        return lock
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        *rest, lock = self._held.get()
+        self._held.set(tuple(rest))
+        if kind is None:
+            await distlock.AsyncLock(lock).release()
+        else:
+            await _arelease_quietly(distlock.AsyncLock(lock))
+
+
+def release_after_commit_quietly(lock: distlock.Lock) -> None:
+    """Release (after commit), logging instead of raising a loss: the caller is already answering or raising."""
+    try:
+        release_after_commit(lock)
+    except LockLost as e:
+        log.warning("%s", e)
+
+
+async def _arelease_quietly(lock: distlock.AsyncLock) -> None:
+    try:
+        await lock.release()
+    except LockLost as e:
+        log.warning("%s", e)

@@ -1,0 +1,193 @@
+"""FencedModel against real etcd and real databases: the lost-update race, bulk updates, strictness, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _support import Worker, child_env
+from django.db import connections
+from django.test.utils import override_settings
+from djangotests.testapp.models import Account, Plain
+
+import distlock
+from distlock_django import conf, fence_of, get_client, lock_name
+
+HERE = Path(__file__).resolve().parent
+
+
+class DjangoWorker(Worker):
+    """``fenceworker.py`` in its own process, on the test's database."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "fenceworker.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self.read(timeout=60) == {"ready": True}
+
+
+@pytest.fixture
+def worker_env(db_alias: str, django_servers: dict[str, str]) -> dict[str, str]:
+    env = child_env()
+    env.update(django_servers)
+    env["DISTLOCK_DJANGO_DB"] = db_alias
+    return env
+
+
+@pytest.fixture
+def worker(worker_env: dict[str, str]) -> Iterator[DjangoWorker]:
+    w = DjangoWorker(worker_env)
+    yield w
+    w.close()
+
+
+def _race(worker: DjangoWorker, claim: bool) -> tuple[dict[str, object], int, int]:
+    """DESIGN §3: A reads (claiming or not) and stalls past its lease; B reads; A writes; B writes.
+
+    Returns A's write answer, B's token, and the final balance (it started at 100; both add 1 to what they read).
+    """
+    account = Account.objects.create(balance=100)
+    a = worker.call(op="lock_and_read", pk=account.pk, ttl=2, claim=claim)
+    assert a["balance"] == 100
+    worker.stop()
+    try:
+        with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10, timeout=20) as lock:
+            assert lock.token > a["token"]
+            rows = Account.objects.filter(pk=account.pk)
+            b = (rows.fenced() if claim else rows).get()
+            worker.cont()
+            a_write = worker.call(op="write")  # the stalled holder wakes up and writes
+            b.balance += 1
+            b.save()
+            token = lock.token
+    finally:
+        worker.cont()
+    return a_write, token, Account.objects.get(pk=account.pk).balance
+
+
+def test_claim_on_read_refuses_the_stalled_holder(worker: DjangoWorker) -> None:
+    a_write, token, balance = _race(worker, claim=True)
+    assert a_write["error"] == "StaleFenceToken", a_write
+    assert balance == 101  # B's increment stands, A's was refused: nothing lost, nothing doubled
+    assert Account.objects.get().fence_token == token
+
+
+def test_a_write_only_guard_loses_the_update(worker: DjangoWorker) -> None:
+    """The same race without the claim on read: both writes pass the fence and one increment vanishes."""
+    a_write, _, balance = _race(worker, claim=False)
+    assert a_write == {"ok": True}
+    assert balance == 101, "two accepted increments of 100 should have made 102: one update was lost"
+
+
+def test_fenced_save_create_and_delete_carry_the_token(db_alias: str) -> None:
+    account = Account.objects.create(balance=1)
+    assert account.fence_token == 0  # created outside any lock: unfenced
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as lock:
+        account.balance = 2
+        account.save()
+        assert Account.objects.get(pk=account.pk).fence_token == lock.token
+        first = lock.token
+        created = Account.objects.create(pk=account.pk + 1000, balance=5)
+        assert created.fence_token == 0  # another row: its own lock is not held, and no lock of its name is
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as newer:
+        account.delete()
+        assert newer.token > first
+    assert not Account.objects.filter(pk=account.pk).exists()
+
+
+def test_a_stale_save_is_refused_and_writes_nothing(db_alias: str) -> None:
+    account = Account.objects.create(balance=1)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as old:
+        stale = Account.objects.filter(pk=account.pk).fenced().get()
+        old_fence = old.fence
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        Account.objects.filter(pk=account.pk).fenced().get()
+    stale.balance = 99
+    with pytest.raises(distlock.StaleFenceToken) as info:
+        stale.save(fence=old_fence)
+    assert info.value.token == old_fence.token
+    assert info.value.current is not None
+    assert info.value.current > old_fence.token
+    assert Account.objects.get().balance == 1
+    with pytest.raises(distlock.StaleFenceToken):
+        stale.delete(fence=old_fence)
+    assert Account.objects.filter(pk=account.pk).exists()
+
+
+def test_fenced_update_is_all_or_nothing(db_alias: str) -> None:
+    accounts = [Account.objects.create(balance=0) for _ in range(5)]
+    client = get_client()
+    locks = [client.lock(lock_name(f"account:{a.pk}"), ttl=10) for a in accounts]
+    for lock in locks:
+        assert lock.acquire()
+    try:
+        # One row has meanwhile been claimed by a newer holder (a token far above ours).
+        Account.objects.filter(pk=accounts[2].pk).update(fence_token=10**15)
+        with pytest.raises(distlock.StaleFenceToken):
+            Account.objects.filter(pk__in=[a.pk for a in accounts]).fenced_update(note="bulk")
+        assert not Account.objects.filter(note="bulk").exists(), "a bulk update wrote some rows"
+        Account.objects.filter(pk=accounts[2].pk).update(fence_token=0)
+        assert Account.objects.filter(pk__in=[a.pk for a in accounts]).fenced_update(note="bulk") == 5
+        assert Account.objects.filter(note="bulk").count() == 5
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def test_a_token_of_another_lock_is_refused(db_alias: str) -> None:
+    one, two = Account.objects.create(balance=1), Account.objects.create(balance=2)
+    with get_client().lock(lock_name(f"account:{two.pk}"), ttl=10) as other:
+        one.balance = 50
+        with pytest.raises(distlock.LockNotOwned, match="guarded by lock"):
+            one.save()  # the only lock held is another row's
+        with pytest.raises(distlock.LockNotOwned, match="guarded by lock"):
+            one.save(fence=other.fence)
+        with pytest.raises(distlock.LockNotOwned):
+            list(Account.objects.filter(pk=one.pk).fenced())
+    assert Account.objects.get(pk=one.pk).balance == 1
+
+
+def test_strict_mode_refuses_unfenced_writes(db_alias: str) -> None:
+    account = Account.objects.create(balance=1)
+    with override_settings(DISTLOCK={**conf(), "FENCING": "strict"}):
+        account.balance = 7
+        with pytest.raises(distlock.UnfencedWrite):
+            account.save()
+        with pytest.raises(distlock.UnfencedWrite):
+            Account.objects.create(balance=3)
+        with pytest.raises(distlock.UnfencedWrite):
+            Account.objects.filter(pk=account.pk).update(balance=9)
+        with pytest.raises(distlock.UnfencedWrite):
+            account.delete()
+        with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+            account.save()
+    assert Account.objects.count() == 1
+    assert Account.objects.get().balance == 7
+
+
+def test_fenced_apis_on_a_plain_model_are_refused(db_alias: str) -> None:
+    plain = Plain.objects.create(value=1)
+    with pytest.raises(distlock.ConfigurationError, match="not a FencedModel"):
+        fence_of(plain)
+    with pytest.raises(distlock.ConfigurationError, match="not a FencedModel"):
+        Plain.objects.all().fenced()
+    with pytest.raises(distlock.ConfigurationError, match="not a FencedModel"):
+        Plain.objects.all().fenced_update(value=5)
+    assert Plain.objects.get().value == 1
+
+
+def test_claims_happen_in_the_database(db_alias: str) -> None:
+    """A claim is a real UPDATE: a reader of the table sees the holder's token on the row."""
+    account = Account.objects.create(balance=1)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as lock:
+        Account.objects.filter(pk=account.pk).fenced().get()
+        with connections[db_alias].cursor() as cursor:
+            cursor.execute("SELECT fence_token FROM testapp_account WHERE id = %s", [account.pk])
+            assert cursor.fetchone() == (lock.token,)

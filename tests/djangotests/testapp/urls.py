@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("increment/<int:pk>/", views.increment, name="increment"),
+    path("gate/<str:name>/", views.gated, name="gate"),
+    path("async/<int:pk>/", views.async_view, name="async"),
+    path("cbv/<int:pk>/", views.AccountView.as_view(), name="cbv"),
+    path("stream/<str:name>/", views.stream, name="stream"),
+    path("mw/<str:name>/", views.middleware_plain, name="mw"),
+    path("stale/<int:pk>/", views.stale_write, name="stale"),
+]

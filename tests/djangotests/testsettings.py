@@ -1,0 +1,53 @@
+"""Django settings for distlock_django's tests and the test server processes; servers come from the environment.
+
+``DISTLOCK_DJANGO_ETCD_URL``, ``DISTLOCK_DJANGO_SQLITE`` (a file path), ``DISTLOCK_DJANGO_PG`` (a libpq URL) and
+``DISTLOCK_DJANGO_DB`` (``default`` for SQLite or ``pg``: where the router sends queries) are set by the fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+
+def _pg(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts.path.lstrip("/") or "postgres",
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(parts.port or 5432),
+        "CONN_MAX_AGE": 0,
+    }
+
+
+SECRET_KEY = "distlock-tests"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "distlock_django", "djangotests.testapp"]
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("DISTLOCK_DJANGO_SQLITE", ":memory:"),
+        "OPTIONS": {"timeout": 30},
+    },
+    "pg": _pg(os.environ.get("DISTLOCK_DJANGO_PG", "postgresql://postgres@127.0.0.1:1/postgres")),
+}
+DATABASE_ROUTERS = ["djangotests.testapp.router.ContextRouter"]
+ROOT_URLCONF = "djangotests.testapp.urls"
+MIDDLEWARE = ["distlock_django.DistributedLockMiddleware"]
+DISTLOCK = {
+    "URL": os.environ.get("DISTLOCK_DJANGO_ETCD_URL", "etcd://127.0.0.1:2379"),
+    "TTL": 10,
+    "TIMEOUT": 30,
+    "KEY_PREFIX": "dj:",
+    "RULES": [
+        {"url_name": "stream", "methods": ["GET"], "key": "stream:{name}"},
+        {"path": r"^/mw/", "key": "mw:{name}"},
+    ],
+}
+LOGGING_CONFIG = None
