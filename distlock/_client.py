@@ -69,10 +69,11 @@ class Client:
         timeout: float = 60.0,
         max_hold: float | None = None,
         on_lost: Callable[[Lock], None] | None = None,
+        owner: str | None = None,
     ) -> Lock:
         """A handle on lock ``name``: ``ttl`` is the lease length, ``timeout`` the default wait (see :class:`Lock`)."""
         self._check_open()
-        return Lock(self, name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost)
+        return Lock(self, name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost, owner=owner)
 
     def async_lock(
         self,
@@ -82,12 +83,13 @@ class Client:
         timeout: float = 60.0,
         max_hold: float | None = None,
         on_lost: Callable[[Lock], None] | None = None,
+        owner: str | None = None,
     ) -> AsyncLock:
         """The asyncio twin of :meth:`lock`."""
-        return AsyncLock(self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost))
+        return AsyncLock(self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost, owner=owner))
 
     def holder(self, name: str) -> Holder | None:
-        """Who holds lock ``name`` now (an opaque owner id, the token, the number of waiters), or None."""
+        """Who holds lock ``name`` now (its owner id, the token, the number of waiters), or None."""
         self._check_open()
         from ._names import validate_name
 

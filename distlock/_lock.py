@@ -90,7 +90,9 @@ class Lock:
     ``ttl`` is the lease: how long the lock outlives a holder that stopped answering. ``timeout`` is how long
     ``acquire()`` and ``with`` wait by default (``math.inf`` waits forever, 0 does not wait). ``max_hold`` bounds
     how long the lock may be held at all: past it, the lock is released and marked lost even if the holder is
-    alive but hung. ``on_lost(lock)`` is called (on a background thread) when the lock becomes lost.
+    alive but hung. ``on_lost(lock)`` is called (on a background thread) when the lock becomes lost. ``owner`` is
+    the id ``client.holder(name).owner`` reports while this handle holds the lock (default: a random id per
+    acquisition), so other processes can tell who holds it (the Celery integration stores the task id there).
     """
 
     def __init__(
@@ -102,8 +104,11 @@ class Lock:
         timeout: float = 60.0,
         max_hold: float | None = None,
         on_lost: Callable[[Lock], None] | None = None,
+        owner: str | None = None,
     ) -> None:
         validate_name(name)
+        if owner is not None and (not isinstance(owner, str) or not owner.isprintable() or not 0 < len(owner) <= 256):
+            raise ConfigurationError(f"owner must be a printable str of 1 to 256 characters, not {owner!r}")
         _check_seconds(ttl, "ttl (the lease length)", allow_none=False, allow_zero=False)
         if ttl == math.inf:
             raise ConfigurationError("ttl must be finite: it is how long a dead holder keeps the lock")
@@ -115,6 +120,7 @@ class Lock:
         self.timeout = float(timeout)
         self.max_hold = max_hold
         self._on_lost = on_lost
+        self.owner = owner
         self._mutex = threading.Lock()
         self._busy = False
         self._ticket: Ticket | None = None
@@ -179,7 +185,8 @@ class Lock:
             try:
                 nonce = secrets.token_hex(8)
                 try:
-                    ticket, position = backend.enqueue(self.name, session.lease.id, nonce, owner_record(nonce))
+                    record = owner_record(self.owner or nonce)
+                    ticket, position = backend.enqueue(self.name, session.lease.id, nonce, record)
                 except LeaseGone:
                     keeper.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
                     continue

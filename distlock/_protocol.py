@@ -51,14 +51,14 @@ class LeaseGone(BackendError):
 _process_tag: dict[int, str] = {}
 
 
-def owner_record(nonce: str) -> bytes:
-    """The value stored with a waiter: an opaque id, plus host and pid for operators reading the store directly."""
+def owner_record(owner: str) -> bytes:
+    """The value stored with a waiter: its owner id, plus host and pid for operators reading the store directly."""
     pid = os.getpid()
     tag = _process_tag.get(pid)
     if tag is None:  # first call in this process (a forked child too)
         _process_tag.clear()
         tag = _process_tag[pid] = json.dumps({"host": socket.gethostname(), "pid": pid})[1:]
-    return f'{{"id": "{nonce}", {tag}'.encode()
+    return f'{{"id": {json.dumps(owner)}, {tag}'.encode()
 
 
 def owner_id(value: bytes) -> str:
