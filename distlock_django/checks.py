@@ -74,7 +74,10 @@ def check_fenced_models(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     from ._models import FencedModel
 
     errors: list[checks.CheckMessage] = []
-    for model in apps.get_models():
+    candidates = (
+        [model for config in app_configs for model in config.get_models()] if app_configs else apps.get_models()
+    )
+    for model in candidates:
         if not issubclass(model, FencedModel):
             continue
         declared = getattr(model, "fence_lock", "")

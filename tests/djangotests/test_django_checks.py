@@ -1,0 +1,69 @@
+"""System checks and settings: clear errors with ids, without connecting to anything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import models
+from django.test.utils import isolate_apps, override_settings
+
+import distlock
+from distlock_django import FencedModel, conf
+from distlock_django.checks import check_fenced_models, check_settings
+
+
+def _ids(messages: list[Any]) -> list[str]:
+    return [m.id for m in messages]
+
+
+def test_the_test_project_passes_its_checks(django_servers: dict[str, str]) -> None:
+    assert check_settings() == []
+    assert check_fenced_models() == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"URL": "http://x"}, "distlock.E002"),
+        ({"URL": "etcd://h:notaport"}, "distlock.E002"),
+        ({"RULES": [{"path": "^/x/"}]}, "distlock.E003"),
+        ({"RULES": [{"url_name": "x", "key": "a:{"}]}, "distlock.E003"),
+        ({"RULES": [{"url_name": "x", "key": "a", "path": "("}]}, "distlock.E003"),
+        ({"RULES": [{"url_name": "x", "key": "a", "colour": 1}]}, "distlock.E003"),
+        ({"FENCING": "sometimes"}, "distlock.E001"),
+        ({"TTL_SECONDS": 3}, "distlock.E001"),
+    ],
+)
+def test_bad_settings_are_reported(settings: dict[str, Any], expected: str) -> None:
+    with override_settings(DISTLOCK=settings):
+        assert expected in _ids(check_settings())
+
+
+def test_unknown_settings_raise_on_use() -> None:
+    with override_settings(DISTLOCK={"TIMEOUTS": 1}), pytest.raises(distlock.ConfigurationError, match="TIMEOUTS"):
+        conf()
+
+
+@isolate_apps("djangotests.testapp")
+def test_a_fenced_model_whose_template_names_a_missing_field_is_reported() -> None:
+    class Broken(FencedModel):
+        fence_lock = "account:{number}"
+
+        class Meta:
+            app_label = "testapp"
+
+    class Unset(FencedModel):
+        class Meta:
+            app_label = "testapp"
+
+    class Good(FencedModel):
+        number: models.IntegerField[int, int] = models.IntegerField()
+        fence_lock = "account:{number}"
+
+        class Meta:
+            app_label = "testapp"
+
+    messages = check_fenced_models(app_configs=[Good._meta.apps.get_app_config("testapp")])
+    by_model = {m.obj.__name__: m.id for m in messages}
+    assert by_model == {"Broken": "distlock.E004", "Unset": "distlock.E004"}, messages

@@ -1,0 +1,256 @@
+"""@distributed_lock and the middleware on real requests: test client, ASGI client, and a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support import child_env, wait_until
+from django.db import connections, transaction
+from django.http import HttpRequest
+from django.test import AsyncClient, Client
+from django.test.utils import override_settings
+from djangotests.httpclient import post_many
+from djangotests.testapp import views
+from djangotests.testapp.models import Account
+
+import distlock
+from distlock_django import conf, distributed_lock, get_client, lock_name
+
+
+def _held(name: str) -> bool:
+    return get_client().holder(lock_name(name)) is not None
+
+
+def test_two_simultaneous_requests_one_200_one_423(db_alias: str) -> None:
+    gate = views.GATES.setdefault("g1", threading.Event())
+    entered = views.ENTERED.setdefault("g1", threading.Event())
+    gate.clear()
+    entered.clear()
+    first: list[Any] = []
+    thread = threading.Thread(target=lambda: first.append(Client().get("/gate/g1/")))
+    thread.start()
+    try:
+        assert entered.wait(10), "the first request never got the lock"
+        second = Client().get("/gate/g1/")
+        assert second.status_code == 423
+        assert second["Retry-After"] == str(conf()["RETRY_AFTER"])
+        body = second.content.decode()
+        assert "dj:gate" not in body
+        assert "token" not in body.lower()
+    finally:
+        gate.set()
+        thread.join(10)
+    assert first[0].status_code == 200
+    with override_settings(DISTLOCK={**conf(), "CONTENTION_STATUS": 409}):
+        gate.clear()
+        entered.clear()
+        thread = threading.Thread(target=lambda: Client().get("/gate/g1/"))
+        thread.start()
+        try:
+            assert entered.wait(10)
+            assert Client().get("/gate/g1/").status_code == 409
+        finally:
+            gate.set()
+            thread.join(10)
+
+
+def test_a_stale_write_in_a_view_answers_409(db_alias: str) -> None:
+    account = Account.objects.create(balance=1)
+    Account.objects.filter(pk=account.pk).update(fence_token=10**15)  # a newer holder has claimed the row
+    response = Client().post(f"/stale/{account.pk}/")
+    assert response.status_code == 409
+    assert Account.objects.get().balance == 1
+    assert not _held(f"account:{account.pk}")
+
+
+def test_async_view_under_asgi_and_class_based_view(db_alias: str) -> None:
+    async def call() -> Any:
+        return await AsyncClient().get("/async/7/")
+
+    response = asyncio.run(call())
+    assert response.status_code == 200
+    assert response.json() == {"lock": "dj:async:7", "held": True}
+    assert not _held("async:7")
+    response = Client().post("/cbv/8/")
+    assert response.status_code == 200
+    assert response.json() == {"lock": "dj:cbv:8"}
+    assert not _held("cbv:8")
+
+
+def test_middleware_holds_the_lock_until_the_last_chunk_is_sent(db_alias: str) -> None:
+    response: Any = Client().get("/stream/s1/")
+    assert response.status_code == 200
+    chunks = iter(response.streaming_content)
+    assert next(chunks) == b"chunk 0\n"
+    assert _held("stream:s1"), "the lock was released before the response was sent"
+    assert list(chunks) == [b"chunk 1\n", b"chunk 2\n"]
+    response.close()
+    assert not _held("stream:s1")
+
+
+def test_middleware_rules_choose_views_and_methods(db_alias: str) -> None:
+    assert Client().post("/mw/x/").json() == {"lock": "dj:mw:x"}
+    assert Client().get("/mw/x/").json() == {"lock": None}  # default methods: unsafe ones only
+    assert not _held("mw:x")
+
+
+def test_release_waits_for_commit(db_alias: str) -> None:
+    """A second holder never reads what the first had not committed when it left the decorated function."""
+    account = Account.objects.create(balance=0)
+    inner_done = threading.Event()
+    commit = threading.Event()
+    second: list[int] = []
+
+    @distributed_lock("account:{pk}")
+    def write(pk: int) -> None:
+        row = Account.objects.filter(pk=pk).fenced().get()
+        row.balance = 1
+        row.save()
+
+    def first_holder() -> None:
+        with transaction.atomic(using=db_alias):
+            write(account.pk)
+            inner_done.set()
+            commit.wait(10)
+        connections.close_all()
+
+    @distributed_lock("account:{pk}")
+    def read(pk: int) -> None:
+        second.append(Account.objects.get(pk=pk).balance)
+
+    def second_holder() -> None:
+        read(account.pk)
+        connections.close_all()
+
+    a = threading.Thread(target=first_holder)
+    a.start()
+    assert inner_done.wait(10)
+    b = threading.Thread(target=second_holder)
+    b.start()
+    wait_until(lambda: get_client().holder(lock_name(f"account:{account.pk}")).waiters == 1, 10, "b to queue")  # type: ignore[union-attr]
+    assert second == [], "the lock was released before the transaction committed"
+    commit.set()
+    a.join(10)
+    b.join(10)
+    assert second == [1]
+
+
+def test_release_after_rollback(db_alias: str) -> None:
+    @distributed_lock("rollback:{n}")
+    def work(n: int) -> None:
+        pass
+
+    held_inside: list[bool] = []
+
+    def transaction_that_fails() -> None:
+        with transaction.atomic(using=db_alias):
+            work(1)
+            held_inside.append(_held("rollback:1"))
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        transaction_that_fails()
+    assert held_inside == [True], "the lock was released before the transaction ended"
+    assert not _held("rollback:1"), "a rolled-back transaction kept the lock"
+
+
+def test_decorator_bad_input() -> None:
+    with pytest.raises(distlock.InvalidKeyTemplate, match="has no parameter"):
+
+        @distributed_lock("order:{order_id}")
+        def wrong(request: HttpRequest, pk: int) -> None:
+            pass
+
+    with pytest.raises(distlock.InvalidKeyTemplate, match="malformed"):
+        distributed_lock("order:{")
+
+    @distributed_lock("order:{order_id}")
+    def flexible(**kwargs: Any) -> None:
+        pass
+
+    with pytest.raises(distlock.InvalidKeyTemplate, match="needs 'order_id'"):
+        flexible(pk=1)
+    with pytest.raises(distlock.InvalidKeyTemplate, match="has fields"), distributed_lock("order:{x}"):
+        pass
+
+
+def test_decorator_on_plain_functions_and_as_context_manager(django_servers: dict[str, str]) -> None:
+    @distributed_lock("job:{name}", timeout=0)
+    def job(name: str) -> int:
+        return distlock.current_token() or 0
+
+    assert job("a") > 0
+    with distributed_lock("job:a") as lock:
+        assert lock.name == "dj:job:a"
+        with pytest.raises(distlock.LockNotAcquired):
+            job("a")
+    assert not _held("job:a")
+
+
+# -- a real server --------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def live_server(db_alias: str, django_servers: dict[str, str]) -> Iterator[str]:
+    """``manage.py runserver`` (threaded) in its own process, on the test's database."""
+    port = _free_port()
+    env = child_env()
+    env.update(django_servers)
+    env.update({"DISTLOCK_DJANGO_DB": db_alias, "DJANGO_SETTINGS_MODULE": "djangotests.testsettings"})
+    env["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], str(Path(__file__).resolve().parent.parent)))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def up() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        except OSError:
+            return process.poll() is not None
+        return True
+
+    wait_until(up, 30, "runserver to listen")
+    assert process.poll() is None, "runserver exited"
+    yield f"127.0.0.1:{port}"
+    process.terminate()
+    process.wait(10)
+
+
+def test_eight_processes_increment_a_balance_through_a_real_server_exactly(live_server: str) -> None:
+    account = Account.objects.create(balance=0)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(8)
+    results = context.Queue()
+    clients = [
+        context.Process(target=post_many, args=(live_server, f"/increment/{account.pk}/", 50, barrier, results))
+        for _ in range(8)
+    ]
+    started = time.monotonic()
+    for process in clients:
+        process.start()
+    codes = [code for _ in clients for code in results.get(timeout=120)]
+    for process in clients:
+        process.join(30)
+    assert codes == [200] * 400
+    assert Account.objects.get(pk=account.pk).balance == 400
+    print(f"400 locked increments over HTTP in {time.monotonic() - started:.1f} s")
