@@ -254,3 +254,18 @@ def test_eight_processes_increment_a_balance_through_a_real_server_exactly(live_
     assert codes == [200] * 400
     assert Account.objects.get(pk=account.pk).balance == 400
     print(f"400 locked increments over HTTP in {time.monotonic() - started:.1f} s")
+
+
+def test_atomic_requests_release_after_the_request_commits(db_alias: str) -> None:
+    account = Account.objects.create(balance=0)
+    settings_dict = connections[db_alias].settings_dict
+    settings_dict["ATOMIC_REQUESTS"] = True
+    views.PROBES.clear()
+    try:
+        response = Client().post(f"/probed/{account.pk}/")
+    finally:
+        settings_dict["ATOMIC_REQUESTS"] = False
+    assert response.status_code == 200
+    assert views.PROBES == [True], "the lock was released before ATOMIC_REQUESTS committed"
+    assert Account.objects.get(pk=account.pk).balance == 1
+    assert not _held(f"account:{account.pk}")

@@ -7,6 +7,7 @@ from . import views
 urlpatterns = [
     path("increment/<int:pk>/", views.increment, name="increment"),
     path("gate/<str:name>/", views.gated, name="gate"),
+    path("probed/<int:pk>/", views.probed_increment, name="probed"),
     path("async/<int:pk>/", views.async_view, name="async"),
     path("cbv/<int:pk>/", views.AccountView.as_view(), name="cbv"),
     path("stream/<str:name>/", views.stream, name="stream"),

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views import View
 
 import distlock
-from distlock_django import distributed_lock
+from distlock_django import distributed_lock, get_client
 
 from .models import Account
 
@@ -25,6 +25,23 @@ def increment(request: HttpRequest, pk: int) -> HttpResponse:
     account.balance += 1
     account.save()
     return JsonResponse({"balance": account.balance, "token": distlock.current_token()})
+
+
+#: What on-commit probes saw: was the view's lock still held when its transaction committed?
+PROBES: list[bool] = []
+
+
+@distributed_lock("account:{pk}")
+def probed_increment(request: HttpRequest, pk: int) -> HttpResponse:
+    account = Account.objects.filter(pk=pk).fenced().get()
+    account.balance += 1
+    account.save()
+    name = distlock.current_lock()
+    assert name is not None
+    transaction.on_commit(
+        lambda: PROBES.append(get_client().holder(name.name) is not None), using=router.db_for_write(Account)
+    )
+    return HttpResponse("ok")
 
 
 @distributed_lock("gate:{name}", timeout=0)
