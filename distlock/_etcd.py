@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from . import _clock
 from ._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
 from ._names import escape_name, unescape_name
-from ._protocol import Holder, Interrupt, Lease, LeaseGone, Position, Ticket, owner_id
+from ._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 
 try:
     import grpc
@@ -464,6 +464,35 @@ class EtcdBackend:
             owner=owner_id(bytes(kv.value)),
             waiters=int(response.count) - 1,
         )
+
+    def inspect(self) -> list[LockState]:
+        """Every lock under this prefix with its holder and waiters in queue order, and their leases' time left."""
+        request = etcdrpc.RangeRequest(key=self._prefix, range_end=_prefix_end(self._prefix))
+        response, _ = self._unary("inspect locks", "Range", request)
+        queues: dict[str, list[Any]] = {}
+        for kv in response.kvs:
+            escaped = bytes(kv.key)[len(self._prefix) :].split(b"/", 1)[0].decode("utf-8")
+            queues.setdefault(unescape_name(escaped), []).append(kv)
+        ttl_left: dict[int, float | None] = {}
+        for kvs in queues.values():
+            for kv in kvs:
+                lease = int(kv.lease)
+                if lease and lease not in ttl_left:
+                    answer, _ = self._unary("read lease", "LeaseTimeToLive", etcdrpc.LeaseTimeToLiveRequest(ID=lease))
+                    ttl_left[lease] = float(answer.TTL) if answer.TTL >= 0 else None
+        states = []
+        for name in sorted(queues):
+            waiters = tuple(
+                Waiter(
+                    owner=owner_id(bytes(kv.value)),
+                    token=int(kv.create_revision),
+                    lease_id=int(kv.lease),
+                    ttl_left=ttl_left.get(int(kv.lease)),
+                )
+                for kv in sorted(queues[name], key=lambda kv: int(kv.create_revision))
+            )
+            states.append(LockState(name=name, holder=waiters[0], waiters=waiters[1:]))
+        return states
 
     def lock_names(self) -> Iterator[str]:
         """Names of every lock with a holder or waiter under this prefix (for inspection tools)."""

@@ -34,11 +34,14 @@ from ._errors import BackendError
 __all__ = [
     "Backend",
     "Holder",
+    "Inspectable",
     "Interrupt",
     "Lease",
     "LeaseGone",
+    "LockState",
     "Position",
     "Ticket",
+    "Waiter",
     "owner_id",
     "owner_record",
 ]
@@ -113,6 +116,33 @@ class Holder:
     lease_id: int
     owner: str
     waiters: int
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One key in a lock's queue, as an inspector shows it: an opaque owner id, the token it holds or will hold,
+    its lease, and the seconds its lease has left (None when the backend cannot tell)."""
+
+    owner: str
+    token: int
+    lease_id: int
+    ttl_left: float | None
+
+
+@dataclass(frozen=True)
+class LockState:
+    """A lock with a holder: who holds it and who waits, in queue order."""
+
+    name: str
+    holder: Waiter
+    waiters: tuple[Waiter, ...]
+
+
+class Inspectable(Protocol):
+    """A backend that can list every lock under its prefix (for inspectors; optional)."""
+
+    def inspect(self) -> list[LockState]:
+        """Every lock with a holder or waiter, sorted by name."""
 
 
 @dataclass
