@@ -1,0 +1,103 @@
+"""Models and engines shared by the SQLAlchemy tests, their worker process and the benchmark.
+
+``make_engine(url)`` applies SQLAlchemy's documented set-up for SQLite with pysqlite/aiosqlite — the driver's own
+transaction handling off, an explicit ``BEGIN`` from SQLAlchemy — so that transactions and SAVEPOINTs (which the
+all-or-nothing fenced writes use) behave as on PostgreSQL; plus WAL, so readers do not wait for a writer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import BigInteger, Column, Engine, ForeignKey, Integer, String, Table, create_engine, event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from distlock_sqla import FencedMixin, fenced_table
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Counter(FencedMixin, Base):
+    """One lock per row."""
+
+    __tablename__ = "counters"
+    fence_lock = "counter:{id}"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+
+
+class Account(FencedMixin, Base):
+    """One lock per tenant: many rows behind one lock name."""
+
+    __tablename__ = "accounts"
+    fence_lock = "tenant:{tenant}"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(40))
+    balance: Mapped[int] = mapped_column(default=0)
+
+
+class StrictCounter(FencedMixin, Base):
+    """Strict per model: no flush outside its lock."""
+
+    __tablename__ = "strict_counters"
+    fence_lock = "strict:{id}"
+    fence_strict = True
+    id: Mapped[int] = mapped_column(primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+
+
+class Plain(Base):
+    """Not fenced."""
+
+    __tablename__ = "plain"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+
+
+# A Core table, fenced without the ORM.
+ledger = fenced_table(
+    Table(
+        "ledger",
+        Base.metadata,
+        Column("id", Integer, primary_key=True),
+        Column("account_id", Integer, ForeignKey("accounts.id")),
+        Column("amount", Integer, nullable=False, default=0),
+        Column("fence_token", BigInteger, nullable=False, default=0, server_default="0"),
+    ),
+    "ledger:{account_id}",
+)
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def connect(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """A sync engine; for SQLite, waiting up to 30 s for a writer (``connect_args`` may say otherwise)."""
+    if url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {"timeout": 30})
+        engine = create_engine(url, **kwargs)
+        _sqlite_setup(engine)
+        return engine
+    return create_engine(url, **kwargs)
+
+
+def make_async_engine(url: str) -> AsyncEngine:
+    """The asyncio engine of the same database: aiosqlite for SQLite, psycopg's async mode for PostgreSQL."""
+    if url.startswith("sqlite"):
+        engine = create_async_engine(url.replace("sqlite://", "sqlite+aiosqlite://", 1), connect_args={"timeout": 30})
+        _sqlite_setup(engine.sync_engine)
+        return engine
+    return create_async_engine(url)
