@@ -31,7 +31,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ._errors import ConfigurationError
 from ._lock import AsyncLock, Lock
-from ._protocol import Backend, Holder
+from ._protocol import Backend, Holder, LockState
 from ._session import Keeper
 
 __all__ = ["Client", "connect"]
@@ -94,6 +94,15 @@ class Client:
         from ._names import validate_name
 
         return self._backend.holder(validate_name(name))
+
+    def inspect(self) -> list[LockState]:
+        """Every lock with a holder or waiters under this client's prefix, in name order (for inspectors)."""
+        self._check_open()
+        inspect = getattr(self._backend, "inspect", None)
+        if inspect is None:
+            raise ConfigurationError(f"{self.description} cannot list its locks (no inspect() in this backend)")
+        states: list[LockState] = inspect()
+        return states
 
     def close(self) -> None:
         """Revoke this client's leases (releasing every lock it holds) and close its connection."""

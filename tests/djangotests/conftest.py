@@ -21,6 +21,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "djangotests.testsettings"
 os.environ.setdefault("DISTLOCK_DJANGO_SQLITE", str(Path(tempfile.mkdtemp(prefix="distlock-django-")) / "db.sqlite3"))
 django.setup()
 
+from django.contrib.auth.models import User  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
@@ -57,5 +58,6 @@ def db_alias(request: pytest.FixtureRequest, django_servers: dict[str, str]) -> 
     finally:
         Account.objects.using(alias).all().delete()
         Plain.objects.using(alias).all().delete()
+        User.objects.using(alias).all().delete()
         router.CURRENT[0] = "default"
         connections.close_all()

@@ -28,7 +28,29 @@ SECRET_KEY = "distlock-tests"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
 USE_TZ = True
-INSTALLED_APPS = ["django.contrib.contenttypes", "distlock_django", "djangotests.testapp"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "distlock_django",
+    "djangotests.testapp",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
@@ -39,7 +61,12 @@ DATABASES = {
 }
 DATABASE_ROUTERS = ["djangotests.testapp.router.ContextRouter"]
 ROOT_URLCONF = "djangotests.testapp.urls"
-MIDDLEWARE = ["distlock_django.DistributedLockMiddleware"]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "distlock_django.DistributedLockMiddleware",
+]
 DISTLOCK = {
     "URL": os.environ.get("DISTLOCK_DJANGO_ETCD_URL", "etcd://127.0.0.1:2379"),
     "TTL": 10,

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.contrib import admin
+from django.urls import include, path
 
 from . import views
 
 urlpatterns = [
+    path("admin/distlock/", include("distlock_django.urls")),
+    path("admin/", admin.site.urls),
     path("increment/<int:pk>/", views.increment, name="increment"),
     path("gate/<str:name>/", views.gated, name="gate"),
     path("probed/<int:pk>/", views.probed_increment, name="probed"),

@@ -1,0 +1,48 @@
+"""The lock inspector: every held lock, its queued waiters, tokens and lease time left, read live from the service.
+
+Shown by a staff-only admin page (``distlock_django.urls``, e.g. ``path("admin/distlock/", include(...))``) and by
+``manage.py distlock``. Holders and waiters appear by their opaque owner id (a random nonce, or the Celery task id),
+never by anything secret. What can go wrong: the lock service is unreachable — the page says so (status 503) and
+the command exits non-zero with the error; a backend that cannot list its locks raises ``ConfigurationError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import distlock
+from distlock._protocol import LockState
+
+from ._client import get_client
+from ._conf import conf
+
+__all__ = ["LockRow", "lock_table"]
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """One line of the inspector: a holder (``position`` 0) or a waiter (1, 2, ...)."""
+
+    name: str
+    position: int
+    owner: str
+    token: int
+    ttl_left: float | None
+
+
+def lock_table(prefix: str | None = None) -> list[LockRow]:
+    """Every lock (whose name starts with ``prefix``, default ``DISTLOCK["KEY_PREFIX"]``) as inspector rows."""
+    client = get_client()
+    states: list[LockState] = client.inspect()
+    wanted = conf()["KEY_PREFIX"] if prefix is None else prefix
+    rows = []
+    for state in states:
+        if not state.name.startswith(wanted):
+            continue
+        for position, waiter in enumerate((state.holder, *state.waiters)):
+            rows.append(LockRow(state.name, position, waiter.owner, waiter.token, waiter.ttl_left))
+    return rows
+
+
+def describe(error: distlock.DistlockError) -> str:
+    return f"{type(error).__name__}: {error}"
