@@ -264,7 +264,8 @@ def _fenced_insert(
     with _all_or_nothing(executor, len(batch) > 1):
         for name, group in grouped.items():
             token = fences[name].token
-            _execute(executor, insert(spec.table), [{**values, spec.fence_column.key: token} for values in group])
+            params = [{column.key: value for column, value in values.items()} for values in group]
+            _execute(executor, insert(spec.table), [{**row, spec.fence_column.key: token} for row in params])
     return len(batch)
 
 
