@@ -5,6 +5,9 @@ URLs::
     etcd://host:port[,host:port...][?prefix=distlock]          plain gRPC to one member or a cluster
     etcd://user:password@host:port                             etcd authentication
     etcds://host:port?ca=/ca.pem[&cert=/c.pem&key=/k.pem]      TLS (system roots without ca=), client certificates
+    redis://[user:password@]host[:port][/db][?prefix=distlock]  one Redis server (port 6379, database 0 by default)
+    rediss://host:port?ca=/ca.pem[&cert=/c.pem&key=/k.pem]     Redis over TLS
+    redis+cluster://host:port[,host:port...]                   Redis Cluster (rediss+cluster:// with TLS)
 
 Keyword options of :func:`connect` override the URL: ``prefix``, ``username``, ``password``, ``ca_cert``,
 ``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect`` may take to reach the service, default
@@ -38,8 +41,11 @@ __all__ = ["Client", "connect"]
 
 _DEFAULT_PREFIX = "distlock"
 _ETCD_SCHEMES = ("etcd", "etcds")
-_SCHEMES = (*_ETCD_SCHEMES,)
-_ETCD_QUERY = {"prefix", "ca", "cert", "key"}
+_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
+_SCHEMES = (*_ETCD_SCHEMES, *_REDIS_SCHEMES)
+_QUERY = {"prefix", "ca", "cert", "key"}
+_OPTIONS = {"prefix", "username", "password", "ca_cert", "client_cert", "client_key", "connect_timeout"}
+_OPTIONS |= {"request_timeout"}
 
 _clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
@@ -147,7 +153,7 @@ def connect(url: str, **options: Any) -> Client:
             + ", ".join(f"{s}://" for s in _SCHEMES)
         )
     check = bool(options.pop("check", True))
-    backend = _etcd_backend(url, parts, options)
+    backend = (_redis_backend if scheme in _REDIS_SCHEMES else _etcd_backend)(url, parts, options)
     client = Client(backend)
     if check:
         try:
@@ -189,40 +195,65 @@ def _parse_hosts(netloc: str, url: str, default_port: int) -> list[tuple[str, in
     return hosts
 
 
+def _split_userinfo(netloc: str) -> tuple[str, str | None, str | None]:
+    """``user:password@hosts`` -> (hosts, user, password), percent-decoded."""
+    if "@" not in netloc:
+        return netloc, None, None
+    userinfo, netloc = netloc.rsplit("@", 1)
+    user_text, sep, password_text = userinfo.partition(":")
+    return netloc, unquote(user_text), unquote(password_text) if sep else None
+
+
+def _query(url: str, parts: Any, known: set[str]) -> dict[str, str]:
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in known:
+            raise ConfigurationError(
+                f"unknown option {key!r} in distlock URL {_redact(url)!r}; known: {', '.join(sorted(known))}"
+            )
+        query[key] = value
+    return query
+
+
+def _check_options(options: dict[str, Any], allowed: set[str]) -> None:
+    unknown = set(options) - allowed
+    if unknown:
+        raise ConfigurationError(
+            f"unknown connect() option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(allowed))}"
+        )
+
+
+def _prefix(options: dict[str, Any], query: dict[str, str], forbidden: str = "") -> str:
+    prefix = str(options.get("prefix", query.get("prefix", _DEFAULT_PREFIX)))
+    if not prefix or prefix.endswith("/") or any(ord(c) < 32 or c in forbidden for c in prefix):
+        extra = f" and contain none of {forbidden!r}" if forbidden else ""
+        raise ConfigurationError(f"key prefix {prefix!r} must be non-empty, printable{extra} and not end with '/'")
+    return prefix
+
+
+def _timeouts(options: dict[str, Any]) -> dict[str, float]:
+    timeouts = {}
+    for name in ("connect_timeout", "request_timeout"):
+        value = options.get(name, 5.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+            raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        timeouts[name] = float(value)
+    return timeouts
+
+
 def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
     from ._etcd import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
 
-    netloc: str = parts.netloc
-    username: str | None = None
-    password: str | None = None
-    if "@" in netloc:
-        userinfo, netloc = netloc.rsplit("@", 1)
-        user_text, sep, password_text = userinfo.partition(":")
-        username = unquote(user_text)
-        password = unquote(password_text) if sep else None
+    netloc, username, password = _split_userinfo(parts.netloc)
     if not netloc:
         raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. etcd://127.0.0.1:2379")
     if parts.path not in ("", "/"):
         raise ConfigurationError(
             f"distlock URL {_redact(url)!r} has a path {parts.path!r}; put a key prefix in ?prefix=... instead"
         )
-    query: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key not in _ETCD_QUERY:
-            raise ConfigurationError(
-                f"unknown option {key!r} in distlock URL {_redact(url)!r}; known: {', '.join(sorted(_ETCD_QUERY))}"
-            )
-        query[key] = value
-    allowed = {"prefix", "username", "password", "ca_cert", "client_cert", "client_key"}
-    allowed |= {"connect_timeout", "request_timeout"}
-    unknown = set(options) - allowed
-    if unknown:
-        raise ConfigurationError(
-            f"unknown connect() option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(allowed))}"
-        )
-    prefix = str(options.get("prefix", query.get("prefix", _DEFAULT_PREFIX)))
-    if not prefix or prefix.endswith("/") or any(ord(c) < 32 for c in prefix):
-        raise ConfigurationError(f"key prefix {prefix!r} must be non-empty, printable and not end with '/'")
+    query = _query(url, parts, _QUERY)
+    _check_options(options, _OPTIONS)
+    prefix = _prefix(options, query)
     username = options.get("username", username)
     password = options.get("password", password)
     ca = options.get("ca_cert", query.get("ca"))
@@ -231,18 +262,68 @@ def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
     tls_wanted = parts.scheme.lower() == "etcds"
     if (ca or cert or key) and not tls_wanted:
         raise ConfigurationError(f"TLS files given for {_redact(url)!r}: use the etcds:// scheme for TLS")
-    timeouts = {}
-    for name in ("connect_timeout", "request_timeout"):
-        value = options.get(name, 5.0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-            raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        timeouts[name] = float(value)
+    timeouts = _timeouts(options)
     return EtcdBackend(
         _parse_hosts(netloc, url, 2379),
         prefix=prefix,
         tls=TLSConfig(ca_cert=ca, client_cert=cert, client_key=key) if tls_wanted else None,
         username=username,
         password=password,
+        connect_timeout=timeouts["connect_timeout"],
+        request_timeout=timeouts["request_timeout"],
+    )
+
+
+def _redis_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
+    from ._redis import RedisBackend, RedisCluster, RedisServer  # imports redis-py: only when a Redis URL is used
+
+    scheme = parts.scheme.lower()
+    cluster = scheme.endswith("+cluster")
+    tls = scheme.startswith("rediss")
+    netloc, username, password = _split_userinfo(parts.netloc)
+    if not netloc:
+        raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. redis://127.0.0.1:6379/0")
+    query = _query(url, parts, _QUERY)
+    _check_options(options, _OPTIONS)
+    # Braces would end the {hash tag} that keeps a lock's keys in one Cluster slot.
+    prefix = _prefix(options, query, forbidden="{}")
+    username = options.get("username", username) or None  # redis://:password@host has an empty user name
+    password = options.get("password", password)
+    ca = options.get("ca_cert", query.get("ca"))
+    cert = options.get("client_cert", query.get("cert"))
+    key = options.get("client_key", query.get("key"))
+    if (ca or cert or key) and not tls:
+        raise ConfigurationError(f"TLS files given for {_redact(url)!r}: use the rediss:// scheme for TLS")
+    if (cert is None) != (key is None):
+        raise ConfigurationError("a TLS client certificate needs both cert and key (or neither)")
+    path = parts.path.strip("/")
+    if cluster and path not in ("", "0"):
+        raise ConfigurationError(f"distlock URL {_redact(url)!r}: Redis Cluster has only database 0")
+    if not path.isdigit() and path != "":
+        raise ConfigurationError(
+            f"distlock URL {_redact(url)!r} has a path {parts.path!r}; it can only name a database number (/0)"
+        )
+    hosts = _parse_hosts(netloc, url, 6379)
+    if len(hosts) > 1 and not cluster:
+        raise ConfigurationError(
+            f"distlock URL {_redact(url)!r} names {len(hosts)} hosts; use redis+cluster:// for a Redis Cluster"
+        )
+    timeouts = _timeouts(options)
+    connection: dict[str, Any] = {
+        "username": username,
+        "password": password,
+        "socket_timeout": timeouts["request_timeout"],
+        "socket_connect_timeout": min(timeouts["connect_timeout"], timeouts["request_timeout"]),
+    }
+    if tls:
+        connection.update(ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key)
+        for path_option, label in ((ca, "CA certificate"), (cert, "client certificate"), (key, "client key")):
+            if path_option is not None and not os.access(path_option, os.R_OK):
+                raise ConfigurationError(f"cannot read the Redis {label} file {path_option!r}")
+    target = RedisCluster(hosts, tls, connection) if cluster else RedisServer(hosts[0], int(path or 0), tls, connection)
+    return RedisBackend(
+        target,
+        prefix=prefix,
         connect_timeout=timeouts["connect_timeout"],
         request_timeout=timeouts["request_timeout"],
     )

@@ -1,4 +1,5 @@
-"""Helpers shared by the lock tests: a lock holder in another process, and waiting for a condition on a real clock."""
+"""Helpers shared by the lock tests: a lock holder in another process, waiting for a condition on a real clock, and
+one interface over a private etcd or Redis server for the backend-neutral tests."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import distlock
+from distlock.testing import EtcdServer, RedisServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,3 +98,45 @@ def waiters(client: distlock.Client, name: str) -> int:
     """Keys queued behind the holder of ``name`` (-1 when nobody holds it)."""
     holder = client.holder(name)
     return -1 if holder is None else holder.waiters
+
+
+# Redis commands that are not lock traffic: the counting itself, and connection set-up.
+_NOT_LOCK_TRAFFIC = ("info", "hello", "auth", "select", "client|")
+
+
+class LockServer:
+    """A private etcd or Redis server (``kind``) behind one interface: free to kill, pause and restart.
+
+    ``requests()`` counts what the server was asked, for tests of how many requests a code path costs: gRPC
+    messages etcd received, or Redis commands called (``INFO commandstats``: scripts' inner commands count too)
+    other than connection set-up and the counting itself.
+    """
+
+    def __init__(self, kind: str, server: EtcdServer | RedisServer) -> None:
+        self.kind = kind
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def restart(self) -> None:
+        self.server.restart()
+
+    def pause(self) -> None:
+        self.server.pause()
+
+    def resume(self) -> None:
+        self.server.resume()
+
+    def kill(self) -> None:
+        self.server.kill()
+
+    def start(self) -> None:
+        self.server.start()
+
+    def requests(self) -> int:
+        if isinstance(self.server, EtcdServer):
+            return self.server.rpc_count()
+        stats = self.server.command_stats()
+        return sum(calls for command, calls in stats.items() if not command.startswith(_NOT_LOCK_TRAFFIC))

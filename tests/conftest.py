@@ -2,6 +2,10 @@
 
 ``DISTLOCK_TEST_ETCD_URL`` points ``etcd_url`` at an existing etcd instead of starting one. Tests that crash,
 pause or restart a server take ``etcd_server`` (a private one) or ``etcd_cluster`` (shared, restored after).
+
+The lock contract is backend-neutral: ``backend`` is parametrised over etcd and Redis, and ``backend_url``,
+``client`` and ``lock_server`` (a private server of that kind, Redis with its append-only file on) follow it, so
+every test that takes them runs once per backend.
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from _support import LockServer
 
 import distlock
 from distlock._errors import ConfigurationError
 from distlock.testing import EtcdCluster, EtcdServer, find_etcd
+
+BACKENDS = ("etcd", "redis")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -71,11 +78,32 @@ def lock_name(request: pytest.FixtureRequest) -> str:
     return f"test/{request.node.name}/{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The lock service a backend-neutral test runs on: each such test runs once with "etcd", once with "redis"."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def backend_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """The URL of the session's shared server of ``backend`` (``etcd_url`` or ``redis_url``)."""
+    return str(request.getfixturevalue(f"{backend}_url"))
+
+
 @pytest.fixture
-def client(etcd_url: str) -> Iterator[distlock.Client]:
-    """A distlock client on the session's etcd, closed (leases revoked) after the test."""
-    with distlock.connect(etcd_url) as client:
+def client(backend_url: str) -> Iterator[distlock.Client]:
+    """A distlock client on the session's server of ``backend``, closed (leases revoked) after the test."""
+    with distlock.connect(backend_url) as client:
         yield client
+
+
+@pytest.fixture
+def lock_server(backend: str) -> Iterator[LockServer]:
+    """A private server of ``backend`` for this test only, free to kill, pause and restart (Redis keeps every
+    acknowledged write across a restart: append-only file, fsynced per write)."""
+    server = EtcdServer() if backend == "etcd" else distlock.testing.RedisServer(appendonly=True)
+    with server:
+        yield LockServer(backend, server)
 
 
 # PostgreSQL and Redis: like etcd, real servers the fixtures start (distlock.testing.PostgresServer/RedisServer).

@@ -1,4 +1,5 @@
-"""The lock contract on one real etcd: exclusion, tokens, key namespace, timeouts, context, asyncio."""
+"""The lock contract on one real server of each backend (etcd, Redis): exclusion, tokens, key namespace, timeouts,
+context, asyncio."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ def test_acquire_release_and_token(client: distlock.Client, lock_name: str) -> N
         lock.release()
 
 
-def test_tokens_strictly_increase_across_holders_and_clients(etcd_url: str, lock_name: str) -> None:
+def test_tokens_strictly_increase_across_holders_and_clients(backend_url: str, lock_name: str) -> None:
     tokens: list[int] = []
     for _ in range(3):
-        with distlock.connect(etcd_url) as client:  # a client restart between holders
+        with distlock.connect(backend_url) as client:  # a client restart between holders
             for _ in range(3):
                 with client.lock(lock_name, ttl=5) as lock:
                     tokens.append(lock.token)
@@ -122,11 +123,11 @@ def test_timeout_returns_false_and_removes_the_waiter(client: distlock.Client, l
     holder.release()
 
 
-def test_closing_the_client_interrupts_a_waiter_and_removes_its_key(etcd_url: str, lock_name: str) -> None:
-    with distlock.connect(etcd_url) as observer:
+def test_closing_the_client_interrupts_a_waiter_and_removes_its_key(backend_url: str, lock_name: str) -> None:
+    with distlock.connect(backend_url) as observer:
         holder = observer.lock(lock_name, ttl=5)
         assert holder.acquire()
-        client = distlock.connect(etcd_url)
+        client = distlock.connect(backend_url)
         result: list[object] = []
 
         def wait() -> None:
@@ -193,8 +194,8 @@ def test_ensure_held_verify_asks_the_server(client: distlock.Client, lock_name: 
 
 
 @pytest.fixture
-def aclient(etcd_url: str) -> Iterator[distlock.Client]:
-    with distlock.connect(etcd_url) as client:
+def aclient(backend_url: str) -> Iterator[distlock.Client]:
+    with distlock.connect(backend_url) as client:
         yield client
 
 

@@ -1,4 +1,5 @@
-"""Holders and waiters that crash, pause or fork, and an etcd that restarts: real processes, real signals."""
+"""Holders and waiters that crash, pause or fork, and a server that restarts or stalls, on each backend (etcd, Redis):
+real processes, real signals."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _support import Worker, wait_until, waiters
+from _support import LockServer, Worker, wait_until, waiters
 
 import distlock
-from distlock.testing import EtcdServer
 
 TTL = 2  # etcd's smallest lease with its default election timeout
 
 
 @pytest.fixture
-def worker(etcd_url: str) -> Iterator[Worker]:
-    w = Worker(etcd_url)
+def worker(backend_url: str) -> Iterator[Worker]:
+    w = Worker(backend_url)
     yield w
     w.close()
 
@@ -67,13 +67,13 @@ def test_sigstopped_holder_loses_the_lock_and_cannot_release_the_new_one(
 
 
 def test_a_waiter_whose_lease_expires_does_not_get_the_lock(
-    etcd_url: str, client: distlock.Client, worker: Worker, lock_name: str
+    backend_url: str, client: distlock.Client, worker: Worker, lock_name: str
 ) -> None:
     holder = client.lock(lock_name, ttl=TTL)
     assert holder.acquire()
     worker.send(op="acquire", name=lock_name, ttl=TTL, timeout=60)
     wait_until(lambda: waiters(client, lock_name) == 1, 10, "the worker to queue")
-    with distlock.connect(etcd_url) as other:
+    with distlock.connect(backend_url) as other:
         behind = other.lock(lock_name, ttl=TTL)
         got: list[bool] = []
         thread = threading.Thread(target=lambda: got.append(behind.acquire(timeout=30)))
@@ -99,8 +99,8 @@ def test_a_waiter_whose_lease_expires_does_not_get_the_lock(
         assert worker.call(op="release") == {"ok": True}
 
 
-def test_tokens_and_waiters_survive_an_etcd_restart(etcd_server: EtcdServer, lock_name: str) -> None:
-    with distlock.connect(etcd_server.url, request_timeout=20) as client:
+def test_tokens_and_waiters_survive_a_server_restart(lock_server: LockServer, lock_name: str) -> None:
+    with distlock.connect(lock_server.url, request_timeout=20) as client:
         with client.lock(lock_name, ttl=10) as lock:
             before = lock.token
         holder = client.lock(lock_name, ttl=10)
@@ -110,17 +110,17 @@ def test_tokens_and_waiters_survive_an_etcd_restart(etcd_server: EtcdServer, loc
         thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=60)))
         thread.start()
         wait_until(lambda: waiters(client, lock_name) == 1, 5, "the waiter to queue")
-        etcd_server.restart()  # the waiter's watch stream breaks here
+        lock_server.restart()  # the waiter's watch stream (etcd) or blocked BLPOP (Redis) breaks here
         assert not holder.lost
         held = holder.token
         holder.release()
         thread.join(30)
-        assert got == [True], "the waiter did not resume waiting after etcd restarted"
+        assert got == [True], "the waiter did not resume waiting after the server restarted"
         waited = waiter.token
         assert waited > held > before
         waiter.release()
-    etcd_server.restart()
-    with distlock.connect(etcd_server.url) as client, client.lock(lock_name, ttl=10) as lock:
+    lock_server.restart()
+    with distlock.connect(lock_server.url) as client, client.lock(lock_name, ttl=10) as lock:
         assert lock.token > waited
 
 
@@ -160,19 +160,19 @@ def test_a_forked_child_gets_its_own_connection_and_leaves_the_parent_alone(
     parent_lock.release()
 
 
-def test_a_waiter_that_gives_up_during_an_outage_is_removed_later(etcd_server: EtcdServer, lock_name: str) -> None:
-    with distlock.connect(etcd_server.url) as observer, distlock.connect(etcd_server.url, request_timeout=1) as client:
+def test_a_waiter_that_gives_up_during_an_outage_is_removed_later(lock_server: LockServer, lock_name: str) -> None:
+    with distlock.connect(lock_server.url) as observer, distlock.connect(lock_server.url, request_timeout=1) as client:
         holder = observer.lock(lock_name, ttl=30)
         assert holder.acquire()
         result: list[bool] = []
         thread = threading.Thread(target=lambda: result.append(client.lock(lock_name, ttl=30).acquire(timeout=1.5)))
         thread.start()
         wait_until(lambda: waiters(observer, lock_name) == 1, 5, "the waiter to queue")
-        etcd_server.pause()  # the waiter's timeout strikes while etcd cannot answer its delete
+        lock_server.pause()  # the waiter's timeout strikes while the server cannot answer its delete
         try:
             thread.join(15)
             assert result == [False]
         finally:
-            etcd_server.resume()
+            lock_server.resume()
         wait_until(lambda: waiters(observer, lock_name) == 0, 10, "the background retry to remove the waiter's key")
         holder.release()

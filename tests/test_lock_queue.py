@@ -1,4 +1,5 @@
-"""Queue behaviour: first come first served, one wake-up per release, exact counts under multi-process contention."""
+"""Queue behaviour on each backend: first come first served, one wake-up per release, exact counts under
+multi-process contention."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import multiprocessing
 import threading
 from pathlib import Path
 
-from _support import wait_until, waiters
+from _support import LockServer, wait_until, waiters
 
 import distlock
-from distlock.testing import EtcdServer
 
 
 def _queued(client: distlock.Client, name: str, count: int) -> bool:
@@ -49,10 +49,15 @@ def test_waiters_acquire_in_arrival_order(client: distlock.Client, lock_name: st
     assert order == list(range(8))
 
 
-def test_a_release_wakes_only_the_next_waiter(etcd_server: EtcdServer, lock_name: str) -> None:
-    """etcd RPCs per acquisition (from etcd's own /metrics) do not grow with the number of waiters."""
+# Requests per acquisition that a hand-over may cost at most (see the comment in the test).
+REQUEST_BOUND = {"etcd": 4, "redis": 14}
+
+
+def test_a_release_wakes_only_the_next_waiter(lock_server: LockServer, lock_name: str) -> None:
+    """Requests per acquisition (etcd RPCs from etcd's own /metrics; Redis commands from INFO commandstats) do not
+    grow with the number of waiters."""
     per_acquisition: dict[int, float] = {}
-    with distlock.connect(etcd_server.url) as client:
+    with distlock.connect(lock_server.url) as client:
         for count in (2, 16):
             name = f"{lock_name}/{count}"
             holder = client.lock(name, ttl=30)
@@ -63,16 +68,17 @@ def test_a_release_wakes_only_the_next_waiter(etcd_server: EtcdServer, lock_name
                 thread.start()
                 threads.append(thread)
                 wait_until(functools.partial(_queued, client, name, i + 1), 10, f"waiter {i} to queue")
-            before = etcd_server.rpc_count()
+            before = lock_server.requests()
             holder.release()
             for thread in threads:
                 thread.join(60)
-            per_acquisition[count] = (etcd_server.rpc_count() - before) / count
+            per_acquisition[count] = (lock_server.requests() - before) / count
     # Each hand-over costs the releaser's delete, the woken waiter's queue read, and its release; a thundering herd
-    # would make every waiter read on every release (~count/2 reads per acquisition).
-    print(f"etcd RPCs per acquisition: {per_acquisition}")
+    # would make every waiter read on every release (~count/2 reads per acquisition). On Redis the delete is one
+    # script of 8 commands and the read one of 2, and each EVALSHA counts too: 12 per hand-over.
+    print(f"{lock_server.kind} requests per acquisition: {per_acquisition}")
     assert per_acquisition[16] <= per_acquisition[2] + 0.5, per_acquisition
-    assert per_acquisition[16] <= 4, per_acquisition
+    assert per_acquisition[16] <= REQUEST_BOUND[lock_server.kind], per_acquisition
 
 
 def _increment(url: str, name: str, path: str, rounds: int, barrier: object) -> None:
@@ -87,13 +93,13 @@ def _increment(url: str, name: str, path: str, rounds: int, barrier: object) -> 
                 counter.write_text(str(value + 1))
 
 
-def test_eight_processes_increment_a_counter_exactly(etcd_url: str, lock_name: str, tmp_path: Path) -> None:
+def test_eight_processes_increment_a_counter_exactly(backend_url: str, lock_name: str, tmp_path: Path) -> None:
     counter = tmp_path / "counter"
     counter.write_text("0")
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(8)
     processes = [
-        context.Process(target=_increment, args=(etcd_url, lock_name, str(counter), 25, barrier)) for _ in range(8)
+        context.Process(target=_increment, args=(backend_url, lock_name, str(counter), 25, barrier)) for _ in range(8)
     ]
     for process in processes:
         process.start()

@@ -1,0 +1,676 @@
+"""The Redis backend: the primitives of ``_protocol.Backend`` as Lua scripts over redis-py connections.
+
+Keys of lock ``N`` (``E`` is the escaped name, see ``_redis_name``), all with the hash tag ``{E}`` so that every
+script touches one Redis Cluster slot::
+
+    <prefix>:{E}:q          sorted set: the FIFO queue, member "<lease hex>-<nonce>", score = its fencing token
+    <prefix>:{E}:token      the token counter: never expires
+    <prefix>:{E}:owners     hash member -> owner record (host, pid), for operators reading Redis
+    <prefix>:{E}:wake:<m>   list: the wake-up call of waiter <m>, pushed when the waiter just ahead leaves
+    <prefix>:lease:<hex>    a client's session lease: a plain key with a PX expiry, refreshed by the keeper
+
+Joining the queue is one script: it takes a token ``max(counter + 1, server time in µs)`` (``INCR`` the counter,
+raised to the clock when the clock is ahead), adds the waiter with the token as its score and answers where it
+stands. The member with the smallest score holds the lock. New tokens are larger than every earlier one, so
+the queue is in arrival order and a holder's token is larger than every earlier holder's. The clock floor is
+why tokens keep increasing when the counter itself goes back: a Redis restarted without its append-only file,
+or a replica promoted before it had the last ``INCR``, still hands out the current time (see docs/GUARANTEES.md
+for what remains: a server clock that steps back).
+
+Liveness is the lease key, one per client and TTL: a queue entry whose lease key is gone is dead, and a dead
+lease never comes back (keys are made with ``SET NX`` from 63 random bits, and refreshed with ``PEXPIRE``, which
+does not create). Redis cannot delete the entries of an expired key itself, so
+
+- a waiter waits for the one just ahead with ``BLPOP`` on its own wake list, for at most the ahead's lease's
+  ``PTTL``; when that runs out it finds the lease gone and removes the dead entry (the "evict" script), so a
+  crashed holder frees the lock within its TTL and a dead waiter cannot block the queue;
+- every removal (release, give-up, eviction) pushes one wake-up to the waiter just behind: a release wakes one
+  waiter, never a herd, and the wake-up waits in its list if that waiter is not blocked yet (no lost wake-up);
+- revoking a lease (closing the client, losing a session) deletes the lease key and then the entries this
+  process still has on it, so their successors do not wait out the TTL.
+
+Lease checks are plain commands on the lease key outside the scripts, which only touch the lock's own slot:
+that keeps every script Cluster-safe, and costs nothing uncontended.
+
+What can go wrong: Redis can be unreachable, restarting (``LOADING``), paused, or failing over (``READONLY``,
+``MOVED``). Every request is idempotent (joining checks the member first; removals check member and token), so
+these are retried with backoff until the request timeout, then ``BackendUnavailable`` names the server. A
+removal whose first attempt may have landed is reported as done. A blocked ``BLPOP`` never outlives its
+timeout plus the request timeout, and an :class:`~distlock._protocol.Interrupt` shuts its socket down at once.
+Lease expiry follows the Redis server's clock, and failover or a restart without an fsynced append-only file
+can lose recent writes: the lock alone is then not exclusive; the fencing token still is, unless the server
+clock stepped back (docs/GUARANTEES.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+from . import _clock
+from ._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
+from ._names import escape_name
+from ._protocol import Holder, Interrupt, Lease, LeaseGone, Position, Ticket, owner_record
+
+try:
+    import redis
+    import redis.cluster
+    import redis.exceptions
+except ImportError as _e:  # pragma: no cover - exercised only without the extra
+    raise ConfigurationError("the Redis backend needs the 'redis' extra: pip install 'distlock[redis]'") from _e
+
+__all__ = ["RedisBackend", "RedisCluster", "RedisServer", "RedisTarget"]
+
+_MAX_BACKOFF = 0.5
+#: How long a wake-up waits in its list for a waiter that is not blocked yet (one that is later re-reads anyway).
+_WAKE_TTL_MS = 600_000
+#: Redis expires a key at its millisecond deadline; wake a little after it so the lease check sees it gone.
+_EXPIRY_SLACK = 0.002
+#: Errors that mean "not now": a restart, a replay, a failover in progress, a slot moving.
+_RETRYABLE = (
+    redis.exceptions.RedisClusterException,  # no node of a cluster reachable, a slot not served
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.AskError,  # MovedError too
+)
+_REFUSED = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    redis.exceptions.NoPermissionError,
+)
+
+# -- the scripts ----------------------------------------------------------------------------------------------
+#
+# Tokens are integers below 2^53 (microseconds since 1970 stay below it until the year 2255), so Lua's doubles
+# hold them exactly; they are formatted with %.0f wherever they become a string, and returned as numbers.
+
+_LUA_HELPERS = """
+local function fmt(n) return string.format('%.0f', n) end
+local function place(q, member, t)
+  local ahead = redis.call('ZREVRANGEBYSCORE', q, '(' .. fmt(t), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #ahead == 0 then return {t, 1} end
+  return {t, 0, ahead[1], tonumber(ahead[2]), redis.call('ZRANK', q, member)}
+end
+local function remove(q, member, t)
+  local wake = string.sub(q, 1, -2) .. 'wake:'
+  local behind = redis.call('ZRANGEBYSCORE', q, '(' .. fmt(t), '+inf', 'LIMIT', 0, 1)
+  redis.call('ZREM', q, member)
+  redis.call('DEL', wake .. member)
+  if #behind > 0 then
+    local key = wake .. behind[1]
+    redis.call('DEL', key)
+    redis.call('RPUSH', key, '1')
+    redis.call('PEXPIRE', key, WAKE_TTL_MS)
+  end
+end
+""".replace("WAKE_TTL_MS", str(_WAKE_TTL_MS))
+
+# KEYS: queue, counter[, lease]. ARGV: member. Answers {token, 1} (head), {token, 0, member ahead, its token,
+# entries ahead}, or {0, 3} when the lease key is gone. Joining twice with one member answers the first place.
+_ENQUEUE = (
+    _LUA_HELPERS
+    + """
+local q, member = KEYS[1], ARGV[1]
+local score = redis.call('ZSCORE', q, member)
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then
+  if score then remove(q, member, tonumber(score)) end
+  return {0, 3}
+end
+local t
+if score then
+  t = tonumber(score)
+else
+  local now = redis.call('TIME')
+  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  t = redis.call('INCR', KEYS[2])
+  if t < floor then
+    t = floor
+    redis.call('SET', KEYS[2], fmt(t))
+  end
+  redis.call('ZADD', q, fmt(t), member)
+end
+return place(q, member, t)
+"""
+)
+
+# KEYS: queue[, lease]. ARGV: member, token. Answers like _ENQUEUE, or {0, 2} when the entry is gone (or its
+# lease is: then the entry is removed).
+_POSITION = (
+    _LUA_HELPERS
+    + """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return {0, 2} end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 0 then
+  remove(KEYS[1], ARGV[1], tonumber(score))
+  return {0, 2}
+end
+return place(KEYS[1], ARGV[1], tonumber(score))
+"""
+)
+
+# KEYS: queue. ARGV: member, token (or '' for any). 1 if removed.
+_REMOVE = (
+    _LUA_HELPERS
+    + """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or (ARGV[2] ~= '' and tonumber(score) ~= tonumber(ARGV[2])) then return 0 end
+remove(KEYS[1], ARGV[1], tonumber(score))
+return 1
+"""
+)
+
+# KEYS: queue. Answers {} or {member, token, entries}.
+_HEAD = """
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #head == 0 then return {} end
+return {head[1], tonumber(head[2]), redis.call('ZCARD', KEYS[1])}
+"""
+
+
+class _Script:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = _sha1(source)
+
+
+def _sha1(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+
+ENQUEUE, POSITION, REMOVE, HEAD = (_Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD))
+
+
+def _redis_name(name: str) -> str:
+    """The hash-tag-safe form of a lock name: ``escape_name`` plus ``{`` and ``}`` (injective, brace-free)."""
+    return escape_name(name).replace("{", "%7B").replace("}", "%7D")
+
+
+def _lease_of(member: bytes) -> int:
+    """The lease id in a queue member ``<lease hex>-<nonce>`` (0, a lease that never exists, if malformed)."""
+    try:
+        return int(member.split(b"-", 1)[0], 16)
+    except ValueError:
+        return 0
+
+
+def _nonce_of(member: bytes) -> str:
+    """The waiter's nonce: the opaque owner id that ``owner_record`` would have stored."""
+    return member.split(b"-", 1)[-1].decode("ascii", "replace")
+
+
+# -- where the keys live ------------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Idle connections to one server, reused last in, first out; a new one is made when none is idle.
+
+    Leaner than redis-py's ``ConnectionPool`` (no health-check read, no metrics per checkout), which is a fifth
+    of an uncontended lock's cost at two requests per acquisition. A connection comes back disconnected after
+    an error and reconnects on its next send; an error also drops the idle ones, likely as dead (a restart).
+    After ``fork()`` the parent's connections are left alone: the child only drops its references.
+    """
+
+    def __init__(self, connection_class: Any, options: dict[str, Any]) -> None:
+        self._connection_class = connection_class
+        self._options = options
+        self._mutex = threading.Lock()
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+        self._closed = False
+
+    def get(self) -> Any:
+        with self._mutex:
+            if self._pid != os.getpid():
+                self._pid, self._idle = os.getpid(), []
+            if self._closed:
+                raise BackendError("the distlock client is closed")
+            if self._idle:
+                return self._idle.pop()
+        # No retry=: redis-py's connections then retry nothing; RedisBackend retries within its deadline.
+        return self._connection_class(**self._options)
+
+    def put(self, connection: Any, *, failed: bool = False) -> None:
+        with self._mutex:
+            keep = not self._closed and self._pid == os.getpid()
+            stale, self._idle = (self._idle, []) if failed else ([], self._idle)
+            if keep:
+                self._idle.append(connection)
+        for old in stale if keep else [*stale, connection]:
+            old.disconnect()
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.disconnect()
+
+
+class RedisTarget:
+    """Where the commands for a key go: a pool per server. Subclassed per deployment."""
+
+    description: str
+    #: True when a script may only touch keys of one slot (Cluster): then it cannot check a lease key.
+    one_slot_per_script = False
+
+    def pool_for(self, key: str) -> _Pool:
+        """The pool of the server that serves ``key``."""
+        raise NotImplementedError
+
+    def refresh(self) -> None:
+        """Re-learn the layout after a redirection (Cluster); nothing to do for one server."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _where(hosts: list[tuple[str, int]]) -> str:
+    return ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in hosts)
+
+
+def _connection_class(tls: bool) -> Any:
+    return redis.SSLConnection if tls else redis.Connection
+
+
+class RedisServer(RedisTarget):
+    """One Redis server (``redis://``, ``rediss://``). Connections are made on first use."""
+
+    def __init__(self, address: tuple[str, int], db: int, tls: bool, options: dict[str, Any]) -> None:
+        self._pool = _Pool(_connection_class(tls), {**options, "host": address[0], "port": address[1], "db": db})
+        self.description = f"Redis at {_where([address])}" + (f" (database {db})" if db else "")
+
+    def pool_for(self, key: str) -> _Pool:
+        return self._pool
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class RedisCluster(RedisTarget):
+    """A Redis Cluster (``redis+cluster://``): redis-py's slot map says which master serves a key's slot.
+
+    The slot map is read on first use (not when connecting, so that ``connect()`` errors come from ``check()``)
+    and again after a ``MOVED``/``ASK`` redirection or a connection error.
+    """
+
+    one_slot_per_script = True
+
+    def __init__(self, hosts: list[tuple[str, int]], tls: bool, options: dict[str, Any]) -> None:
+        self._hosts = hosts
+        self._tls = tls
+        self._options = options
+        self._mutex = threading.Lock()
+        self._cluster: Any = None
+        self._pools: dict[tuple[str, int], _Pool] = {}
+        self._closed = False
+        self.description = f"Redis Cluster at {_where(hosts)}"
+
+    def _slots(self) -> Any:
+        with self._mutex:
+            if self._closed:
+                raise BackendError("the distlock client is closed")
+            if self._cluster is None:
+                nodes = [redis.cluster.ClusterNode(host, port) for host, port in self._hosts]  # type: ignore[no-untyped-call]
+                self._cluster = redis.cluster.RedisCluster(startup_nodes=nodes, ssl=self._tls, **self._options)
+            return self._cluster
+
+    def pool_for(self, key: str) -> _Pool:
+        node = self._slots().get_node_from_key(key)
+        address = (str(node.host), int(node.port))
+        with self._mutex:
+            pool = self._pools.get(address)
+            if pool is None:
+                options = {**self._options, "host": address[0], "port": address[1]}
+                pool = self._pools[address] = _Pool(_connection_class(self._tls), options)
+            return pool
+
+    def refresh(self) -> None:
+        self._slots().nodes_manager.initialize()
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            cluster, self._cluster = self._cluster, None
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+        if cluster is not None:
+            cluster.close()
+
+
+# -- the backend --------------------------------------------------------------------------------------------
+
+
+class RedisBackend:
+    """Lock primitives on one Redis (server or cluster). Thread-safe; redis-py's pools reconnect after ``fork()``."""
+
+    def __init__(
+        self, target: RedisTarget, *, prefix: str, connect_timeout: float = 5.0, request_timeout: float = 5.0
+    ) -> None:
+        self._target = target
+        self._prefix = prefix
+        self.description = target.description
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self._mutex = threading.Lock()
+        self._lease_ttls: dict[int, float] = {}
+        # Entries this process has in queues, by lease: revoking a lease removes them (Redis cannot do it).
+        self._tickets: dict[int, dict[bytes, Ticket]] = {}
+
+    # -- keys -------------------------------------------------------------------------------------------------
+
+    def _lease_key(self, lease_id: int) -> str:
+        return f"{self._prefix}:lease:{lease_id:x}"
+
+    def _lock_keys(self, name: str) -> str:
+        """The common start of every key of lock ``name``: ``<prefix>:{<escaped>}:``."""
+        return f"{self._prefix}:{{{_redis_name(name)}}}:"
+
+    # -- request plumbing -------------------------------------------------------------------------------------
+
+    def _once(self, key: str, args: tuple[Any, ...], deadline: float, first: bool) -> Any:
+        pool = self._target.pool_for(key)
+        connection = pool.get()
+        failed = False
+        try:
+            connection.send_command(*args)
+            # A first attempt is bounded by the socket timeout (= the request timeout); a retry, or a request
+            # with a smaller budget, by what is left of its deadline.
+            if not first or deadline - _clock.now() < self.request_timeout:
+                remaining = deadline - _clock.now()
+                if remaining <= 0 or not connection.can_read(timeout=remaining):
+                    raise redis.exceptions.TimeoutError(f"no answer within {max(remaining, 0):.3g} s")
+            return connection.read_response()
+        except redis.exceptions.ResponseError:
+            raise  # an error reply: the connection itself is fine
+        except BaseException:
+            failed = True
+            connection.disconnect()
+            raise
+        finally:
+            pool.put(connection, failed=failed)
+
+    def _request(self, what: str, key: str, *args: Any, budget: float | None = None) -> tuple[Any, int]:
+        """Send one command for ``key``, retrying what may be retried; return the answer and the attempts made."""
+        deadline = _clock.now() + (self.request_timeout if budget is None else budget)
+        delay = 0.02
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return self._once(key, args, deadline, attempts == 1), attempts
+            except _REFUSED as e:
+                raise AuthenticationFailed(f"{what}: {self.description} refused the credentials: {e}") from e
+            except redis.exceptions.NoScriptError:
+                raise
+            except _RETRYABLE as e:
+                if isinstance(e, redis.exceptions.AskError | redis.exceptions.ConnectionError):
+                    with contextlib.suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                        self._target.refresh()
+                if _clock.now() + delay < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, _MAX_BACKOFF)
+                    continue
+                raise BackendUnavailable(f"{what}: {self.description} is unavailable ({e})") from e
+            except redis.exceptions.RedisError as e:
+                raise BackendError(f"{what} failed on {self.description}: {type(e).__name__}: {e}") from e
+
+    def _script(self, what: str, script: _Script, keys: tuple[str, ...], *args: Any) -> tuple[Any, int]:
+        try:
+            return self._request(what, keys[0], "EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            # Not cached (a new or restarted server): EVAL sends the source and caches it.
+            return self._request(what, keys[0], "EVAL", script.source, len(keys), *keys, *args)
+
+    # -- Backend protocol -------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        try:
+            answer, _ = self._request("connect", self._lease_key(0), "PING", budget=self.connect_timeout)
+        except BackendUnavailable as e:
+            raise BackendUnavailable(
+                f"could not reach {self.description} within {self.connect_timeout:g} s "
+                f"(connect_timeout); is Redis running there? ({e.__cause__})"
+            ) from e.__cause__
+        if answer not in (b"PONG", "PONG", True):
+            raise BackendError(f"{self.description} answered PING with {answer!r}: is it a Redis server?")
+
+    def grant_lease(self, ttl: float) -> Lease:
+        ttl_ms = max(math.ceil(ttl * 1000), 1)
+        for _ in range(3):
+            lease_id = secrets.randbits(63) or 1
+            answer, attempts = self._request(
+                "grant lease",
+                self._lease_key(lease_id),
+                "SET",
+                self._lease_key(lease_id),
+                owner_record(f"{lease_id:x}"),
+                "NX",
+                "PX",
+                ttl_ms,
+            )
+            # A retried SET NX finds the key its first attempt made: ours too.
+            if answer is not None or attempts > 1:
+                with self._mutex:
+                    self._lease_ttls[lease_id] = ttl
+                return Lease(id=lease_id, ttl=ttl_ms / 1000)
+        raise BackendError(f"grant lease: {self.description} already had three random lease ids (are they random?)")
+
+    def keep_alive(self, lease_id: int, timeout: float) -> float:
+        ttl = self._lease_ttls.get(lease_id)
+        if ttl is None:
+            return 0.0  # granted before a fork, by the parent: not ours to refresh
+        key = self._lease_key(lease_id)
+        ttl_ms = max(math.ceil(ttl * 1000), 1)
+        answer, _ = self._request(
+            "lease keep-alive", key, "PEXPIRE", key, ttl_ms, budget=min(timeout, self.request_timeout)
+        )
+        return ttl_ms / 1000 if answer == 1 else 0.0
+
+    def revoke_lease(self, lease_id: int) -> None:
+        with self._mutex:
+            self._lease_ttls.pop(lease_id, None)
+            tickets = list(self._tickets.pop(lease_id, {}).values())
+        key = self._lease_key(lease_id)
+        self._request("revoke lease", key, "DEL", key)
+        # The entries are dead now; removing them wakes their successors at once instead of after the TTL.
+        for ticket in tickets:
+            self._remove(ticket, check_token=True)
+
+    def _own_lease(self, keys: tuple[str, ...], lease_id: int) -> tuple[str, ...]:
+        """``keys`` plus our lease key, for scripts that check it themselves (one server: any keys go)."""
+        return keys if self._target.one_slot_per_script else (*keys, self._lease_key(lease_id))
+
+    def _lease_lost_behind_our_back(self, ticket: Ticket, position: Position) -> bool:
+        """On a Cluster the scripts cannot see our lease: check it before we call ourselves the holder.
+
+        A lease key can vanish while the keeper's deadline is still ahead (deleted by hand, a server clock
+        jump); the entry must then not hold the lock (as etcd deletes a revoked lease's keys).
+        """
+        if not position.held or not self._target.one_slot_per_script:
+            return False
+        key = self._lease_key(ticket.lease_id)
+        alive, _ = self._request(f"check our lease on lock {ticket.name!r}", key, "EXISTS", key)
+        if alive:
+            return False
+        self._remove(ticket, check_token=True)
+        return True
+
+    def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+        keys = self._lock_keys(name)
+        member = f"{lease_id:x}-{nonce}".encode("ascii")
+        answer, _ = self._script(
+            f"enqueue for lock {name!r}",
+            ENQUEUE,
+            self._own_lease((keys + "q", keys + "token"), lease_id),
+            member,
+        )
+        gone = LeaseGone(f"enqueue for lock {name!r}: the lease is gone on {self.description}")
+        if int(answer[1]) == 3:
+            raise gone
+        ticket = Ticket(name=name, key=member, revision=int(answer[0]), lease_id=lease_id)
+        with self._mutex:
+            # Revoked (or declared lost) while we joined: leave no entry behind.
+            revoked = lease_id not in self._lease_ttls
+            if not revoked:
+                self._tickets.setdefault(lease_id, {})[member] = ticket
+        position = _position(answer)
+        if revoked:
+            self._remove(ticket, check_token=True)
+            raise gone
+        if self._lease_lost_behind_our_back(ticket, position):
+            raise gone
+        return ticket, position
+
+    def position(self, ticket: Ticket) -> Position:
+        keys = self._lock_keys(ticket.name)
+        answer, _ = self._script(
+            f"read queue of lock {ticket.name!r}",
+            POSITION,
+            self._own_lease((keys + "q",), ticket.lease_id),
+            ticket.key,
+            ticket.revision,
+        )
+        position = _position(answer)
+        if self._lease_lost_behind_our_back(ticket, position):
+            return Position(held=False, gone=True)
+        return position
+
+    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
+        if interrupt.fired:
+            return
+        # Every wait ends within our own TTL at the latest: an entry ahead removed by hand (no wake-up) costs
+        # one TTL, not a hang.
+        limit = min(math.inf if timeout is None else timeout, self._lease_ttls.get(ticket.lease_id, 1.0))
+        ahead_lease = _lease_of(position.ahead)
+        if ahead_lease != ticket.lease_id:
+            # Our own lease is the keeper's business; another client's may have expired with nobody to say so.
+            key = self._lease_key(ahead_lease)
+            pttl, _ = self._request(f"check the waiter ahead on lock {ticket.name!r}", key, "PTTL", key)
+            if pttl == -2:
+                self._evict(ticket.name, position.ahead)
+                return
+            if pttl >= 0:
+                limit = min(limit, pttl / 1000 + _EXPIRY_SLACK)
+        self._block(self._lock_keys(ticket.name) + "wake:" + ticket.key.decode("ascii"), limit, interrupt)
+
+    def _block(self, key: str, limit: float, interrupt: Interrupt) -> None:
+        """``BLPOP key`` for at most ``limit`` s; a fired ``interrupt`` shuts the socket down to end it early."""
+        try:
+            pool = self._target.pool_for(key)
+            connection = pool.get()
+            connection.connect()  # the socket must exist before the interrupt can reach it
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+            # Unreachable: pause briefly so a dead server is not spun on; the caller's next read raises.
+            time.sleep(min(0.05, max(limit, 0)))
+            return
+        unregister = interrupt.on_fire(lambda: _shut_down(connection))
+        failed = True
+        try:
+            connection.send_command("BLPOP", key, f"{max(limit, 0.001):.3f}")
+            # A paused server cannot hold us past our limit plus one request's worth of patience.
+            if connection.can_read(timeout=limit + self.request_timeout):
+                connection.read_response()
+                failed = False
+            else:
+                connection.disconnect()  # the BLPOP is still pending on it
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            connection.disconnect()
+            if not interrupt.fired:
+                time.sleep(min(0.05, max(limit, 0)))
+        except redis.exceptions.ResponseError as e:
+            failed = False
+            raise BackendError(f"wait on {self.description} failed: {e}") from e
+        finally:
+            unregister()
+            pool.put(connection, failed=failed and not interrupt.fired)
+
+    def dequeue(self, ticket: Ticket) -> bool:
+        return self._remove(ticket, check_token=True)
+
+    def _remove(self, ticket: Ticket, *, check_token: bool) -> bool:
+        keys = self._lock_keys(ticket.name)
+        answer, attempts = self._script(
+            f"release lock {ticket.name!r}",
+            REMOVE,
+            (keys + "q",),
+            ticket.key,
+            ticket.revision if check_token else "",
+        )
+        with self._mutex:
+            tickets = self._tickets.get(ticket.lease_id)
+            if tickets is not None and tickets.get(ticket.key) == ticket:
+                del tickets[ticket.key]
+                if not tickets:
+                    del self._tickets[ticket.lease_id]
+        return answer == 1 or attempts > 1
+
+    def _evict(self, name: str, member: bytes) -> None:
+        """Remove ``member`` from ``name``'s queue: only ever called after seeing its lease gone (for good)."""
+        keys = self._lock_keys(name)
+        self._script(
+            f"remove a dead waiter of lock {name!r}",
+            REMOVE,
+            (keys + "q",),
+            member,
+            "",
+        )
+
+    def holder(self, name: str) -> Holder | None:
+        keys = self._lock_keys(name)
+        while True:
+            answer, _ = self._script(f"read holder of lock {name!r}", HEAD, (keys + "q",))
+            if not answer:
+                return None
+            member, token, entries = answer
+            lease_id = _lease_of(member)
+            lease_key = self._lease_key(lease_id)
+            alive, _ = self._request(f"read holder of lock {name!r}", lease_key, "EXISTS", lease_key)
+            if alive:
+                return Holder(
+                    name=name, token=int(token), lease_id=lease_id, owner=_nonce_of(member), waiters=entries - 1
+                )
+            self._evict(name, member)
+
+    def close(self) -> None:
+        self._target.close()
+
+    def after_fork(self) -> None:
+        # redis-py's pools notice the new pid and open new connections, leaving the parent's sockets alone. The
+        # parent's leases and queue entries are the parent's.
+        self._mutex = threading.Lock()
+        self._lease_ttls = {}
+        self._tickets = {}
+
+
+def _position(answer: list[Any]) -> Position:
+    state = int(answer[1])
+    if state == 2:
+        return Position(held=False, gone=True)
+    if state == 1:
+        return Position(held=True, waiters_ahead=0)
+    return Position(held=False, ahead=bytes(answer[2]), ahead_revision=int(answer[3]), waiters_ahead=int(answer[4]) - 1)
+
+
+def _shut_down(connection: Any) -> None:
+    """End a blocked read on ``connection`` from another thread: shut its socket down, leave closing to the owner.
+
+    The plain ``socket.shutdown`` (not ``SSLSocket``'s, which tears down TLS state the reading thread is using).
+    redis-py has no public way to reach the socket; ``_sock`` is None when not connected.
+    """
+    sock = getattr(connection, "_sock", None)
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
