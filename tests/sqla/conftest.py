@@ -35,6 +35,14 @@ class Database:
     def async_engine(self) -> AsyncEngine:
         return make_async_engine(self.url)
 
+    def url_with(self, *, sqlite_timeout: float | None = None, **pg_settings: str) -> str:
+        """This database's URL with SQLite's busy timeout (seconds) or PostgreSQL settings (``lock_timeout="200"``)."""
+        url = make_url(self.url)
+        if self.kind == "sqlite":
+            return self.url if sqlite_timeout is None else f"{self.url}?timeout={sqlite_timeout}"
+        options = " ".join([str(url.query["options"]), *(f"-c {k}={v}" for k, v in pg_settings.items())])
+        return url.update_query_dict({"options": options}).render_as_string(hide_password=False)
+
 
 def _postgres_url(dsn: str, schema: str) -> str:
     url = make_url(dsn).set(drivername="postgresql+psycopg")

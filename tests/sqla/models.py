@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Engine, ForeignKey, Integer, String, Table, create_engine, event
+from sqlalchemy import BigInteger, Column, Engine, ForeignKey, Integer, String, Table, create_engine, event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -85,10 +85,11 @@ def _sqlite_setup(engine: Engine) -> None:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """A sync engine; for SQLite, waiting up to 30 s for a writer (``connect_args`` may say otherwise)."""
+    """A sync engine; for SQLite, waiting for a writer up to ``?timeout=`` seconds in the URL (default 30)."""
     if url.startswith("sqlite"):
-        kwargs.setdefault("connect_args", {"timeout": 30})
-        engine = create_engine(url, **kwargs)
+        parsed = make_url(url)
+        timeout = float(parsed.query.get("timeout", 30))  # type: ignore[arg-type]
+        engine = create_engine(parsed.difference_update_query(["timeout"]), connect_args={"timeout": timeout}, **kwargs)
         _sqlite_setup(engine)
         return engine
     return create_engine(url, **kwargs)
