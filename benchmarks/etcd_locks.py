@@ -733,12 +733,14 @@ def _ratios(processes: list[int], uncontended: list[Uncontended], contended: lis
     return lines
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it), keeping every other section."""
+def write_section(path: Path, section: str, markers: tuple[str, str] = (BEGIN_MARKER, END_MARKER)) -> None:
+    """Replace one benchmark's section of ``path`` (or append it), keeping every other section. ``markers`` are
+    the comments that open and close the section (this benchmark's by default)."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
+    begin_marker, end_marker = markers
+    begin, end = text.find(begin_marker), text.find(end_marker)
     if begin != -1 and end > begin:
-        rest = text[end + len(END_MARKER) :].lstrip("\n")
+        rest = text[end + len(end_marker) :].lstrip("\n")
         text = text[:begin] + section + ("\n" + rest if rest else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
