@@ -1,0 +1,109 @@
+"""The options of a singleton task: their defaults, their checks, and how a call overrides them.
+
+A task sets them as class attributes (``@app.task(base=SingletonTask, lock_ttl=10, ...)``); a call overrides any of
+them, and the lock name, with ``apply_async(..., singleton={"on_duplicate": "raise", "key": "report:7"})``. The
+overrides travel to the worker in the message headers, so the worker applies what the caller chose. Every value is
+checked where it is given — a task's when Celery creates the task class, a call's in ``apply_async`` before anything
+is sent — and a bad one raises ``ConfigurationError`` naming the option and what would work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from distlock import ConfigurationError
+
+__all__ = ["CALL_KEYS", "LOCK_ON", "ON_DUPLICATE", "Options"]
+
+LockOn = Literal["run", "enqueue"]
+OnDuplicate = Literal["skip", "retry", "raise", "result"]
+
+LOCK_ON: tuple[LockOn, ...] = ("run", "enqueue")
+ON_DUPLICATE: dict[LockOn, tuple[OnDuplicate, ...]] = {
+    "run": ("skip", "retry", "raise"),
+    "enqueue": ("result", "raise"),
+}
+DEFAULT_ON_DUPLICATE: dict[LockOn, OnDuplicate] = {"run": "skip", "enqueue": "result"}
+
+#: Task attribute -> field of :class:`Options`.
+_ATTRIBUTES = {
+    "lock_on": "lock_on",
+    "on_duplicate": "on_duplicate",
+    "lock_ttl": "ttl",
+    "lock_timeout": "timeout",
+    "lock_max_hold": "max_hold",
+    "lock_max_queued": "max_queued",
+    "duplicate_retry_delay": "retry_delay",
+}
+#: What ``singleton={...}`` may hold in one call: the task attributes, and ``key`` (a lock name for this call).
+CALL_KEYS = frozenset({*_ATTRIBUTES, "key"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The effective options of one task, or of one call of it.
+
+    ``ttl`` is the lease (how long the lock outlives a worker that died), ``timeout`` how long a worker waits for a
+    busy lock before the call counts as a duplicate, ``max_hold`` the most a run may hold the lock, ``max_queued``
+    how long an enqueue-time reservation waits for a worker to take the task over (default: ``ttl``), and
+    ``retry_delay`` the countdown of ``on_duplicate="retry"``.
+    """
+
+    lock_on: LockOn = "run"
+    on_duplicate: OnDuplicate = "skip"
+    ttl: float = 30.0
+    timeout: float = 0.0
+    max_hold: float | None = None
+    max_queued: float | None = None
+    retry_delay: float = 5.0
+
+    @property
+    def queued_for(self) -> float:
+        """How long an enqueue-time reservation may wait for its worker."""
+        return self.ttl if self.max_queued is None else self.max_queued
+
+    @classmethod
+    def from_task(cls, task: Any, where: str) -> Options:
+        """The options a task class declares (its attributes, None meaning the default)."""
+        given = {attribute: getattr(task, attribute, None) for attribute in _ATTRIBUTES}
+        return cls().merged({k: v for k, v in given.items() if v is not None}, where)
+
+    def merged(self, overrides: Mapping[str, Any], where: str) -> Options:
+        """These options with ``overrides`` (task attribute names) applied and checked."""
+        unknown = set(overrides) - set(_ATTRIBUTES)
+        if unknown:
+            raise ConfigurationError(
+                f"{where}: unknown singleton option(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(CALL_KEYS))}"
+            )
+        fields = {_ATTRIBUTES[name]: value for name, value in overrides.items()}
+        lock_on = fields.get("lock_on", self.lock_on)
+        if lock_on not in LOCK_ON:
+            raise ConfigurationError(f"{where}: lock_on must be 'run' or 'enqueue', not {lock_on!r}")
+        if "on_duplicate" not in fields and lock_on != self.lock_on and self.on_duplicate not in ON_DUPLICATE[lock_on]:
+            fields["on_duplicate"] = DEFAULT_ON_DUPLICATE[lock_on]
+        on_duplicate = fields.get("on_duplicate", self.on_duplicate)
+        if on_duplicate not in ON_DUPLICATE[lock_on]:
+            choices = ", ".join(repr(c) for c in ON_DUPLICATE[lock_on])
+            raise ConfigurationError(
+                f"{where}: on_duplicate={on_duplicate!r} does not work with lock_on={lock_on!r}; "
+                f"choose one of {choices}"
+            )
+        options = dataclasses.replace(self, **fields)
+        _seconds(options.ttl, "lock_ttl (the lease length)", where, allow_zero=False)
+        _seconds(options.timeout, "lock_timeout (how long a worker waits for a busy lock)", where, allow_zero=True)
+        _seconds(options.retry_delay, "duplicate_retry_delay", where, allow_zero=True)
+        for name, value in (("lock_max_hold", options.max_hold), ("lock_max_queued", options.max_queued)):
+            if value is not None:
+                _seconds(value, name, where, allow_zero=False)
+        return options
+
+
+def _seconds(value: object, name: str, where: str, *, allow_zero: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or math.isinf(value):
+        raise ConfigurationError(f"{where}: {name} must be a finite number of seconds, not {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigurationError(f"{where}: {name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {value!r}")

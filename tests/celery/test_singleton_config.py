@@ -1,0 +1,193 @@
+"""Bad input and configuration: clear errors at task definition and before sending, an unreachable etcd at enqueue
+time, lock names from arguments, settings from ``app.conf`` or Django's ``DISTLOCK`` (and Django never imported
+otherwise)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from _support import child_env
+from celery import Celery
+
+import distlock
+from distlock.celery import SingletonTask
+
+
+def _work(job: str, seconds: float, caller: int = 0) -> None:
+    """A task body to declare tasks with."""
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery(f"config-{uuid.uuid4().hex[:6]}", set_as_current=False)
+    yield app
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"unique_on": ["jobb"]}, distlock.ConfigurationError, r"unique_on names 'jobb'.*parameters are: job, seconds"),
+        ({"unique_on": "work:{nope}"}, distlock.InvalidKeyTemplate, r"'nope'.*not a parameter"),
+        ({"unique_on": "work:{job!r}"}, distlock.InvalidKeyTemplate, "format spec or conversion"),
+        ({"unique_on": 42}, distlock.ConfigurationError, "list of parameter names or a key template"),
+        ({"lock_on": "start"}, distlock.ConfigurationError, "lock_on must be 'run' or 'enqueue'"),
+        ({"on_duplicate": "result"}, distlock.ConfigurationError, "does not work with lock_on='run'"),
+        ({"lock_on": "enqueue", "on_duplicate": "retry"}, distlock.ConfigurationError, "with lock_on='enqueue'"),
+        ({"lock_ttl": 0}, distlock.ConfigurationError, r"lock_ttl \(the lease length\) must be > 0"),
+        ({"lock_max_hold": float("inf")}, distlock.ConfigurationError, "lock_max_hold must be a finite number"),
+    ],
+)
+def test_a_bad_task_option_fails_when_the_task_is_defined(
+    app: Celery, options: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    decorate: Any = app.task(base=SingletonTask, shared=False, name="t.bad", lazy=False, **options)
+    with pytest.raises(error, match=match) as caught:
+        decorate(_work)
+    assert "t.bad" in str(caught.value)
+
+
+def test_a_lazily_declared_bad_task_fails_when_the_app_is_finalized(app: Celery) -> None:
+    app.task(base=SingletonTask, shared=False, name="t.lazy", unique_on=["nope"])(_work)
+    with pytest.raises(distlock.ConfigurationError, match="'nope'"):
+        app.finalize()
+
+
+def test_a_bound_task_is_checked_without_its_self_parameter(app: Celery) -> None:
+    def bound(self: SingletonTask, job: str) -> None: ...
+
+    with pytest.raises(distlock.ConfigurationError, match=r"parameters are: job$"):
+        app.task(base=SingletonTask, shared=False, bind=True, name="t.bound", unique_on=["self"], lazy=False)(bound)
+
+
+def test_lock_names_come_from_the_bound_arguments(app: Celery) -> None:
+    every = app.task(base=SingletonTask, shared=False, name="t.every", lazy=False)(_work)
+    some = app.task(base=SingletonTask, shared=False, name="t.some", unique_on=["job"], lazy=False)(_work)
+    none = app.task(base=SingletonTask, shared=False, name="t.none", unique_on=[], lazy=False)(_work)
+    templated = app.task(base=SingletonTask, shared=False, name="t.tpl", unique_on="report:{job}", lazy=False)(_work)
+    assert every.singleton_key(("a", 1.0)) == 'celery:t.every:{"caller":0,"job":"a","seconds":1.0}'
+    assert every.singleton_key(("a",), {"seconds": 1.0, "caller": 0}) == every.singleton_key(("a", 1.0))
+    assert every.singleton_key(("a", 1.0)) != every.singleton_key(("a", 1.0, 1))
+    assert some.singleton_key(("a", 1.0, 1)) == some.singleton_key(("a", 9.0)) == 'celery:t.some:{"job":"a"}'
+    assert none.singleton_key(("a", 1.0)) == none.singleton_key(("b", 2.0)) == "celery:t.none:{}"
+    assert templated.singleton_key(("a", 1.0)) == "report:a"
+    when = dt.datetime(2026, 1, 2, 3, 4, 5)
+    assert some.singleton_key((when, 1.0)) == 'celery:t.some:{"job":"2026-01-02 03:04:05"}'
+    long = every.singleton_key(("x" * 500, 1.0))
+    assert long.startswith("celery:t.every:sha256:") and len(long) < 100
+    with pytest.raises(distlock.ConfigurationError, match="no stable text form"):
+        every.singleton_key((object(), 1.0))
+    with pytest.raises(TypeError, match="do not fit its signature"):
+        every.singleton_key((), {"nope": 1})
+
+
+def test_a_bad_per_call_option_fails_before_anything_is_sent(celery_app: Celery, redis_url: str) -> None:
+    work = celery_app.tasks["t.work"]
+    assert isinstance(work, SingletonTask)
+    nowhere = f"nowhere-{uuid.uuid4().hex[:8]}"
+    bad: list[Any] = [
+        {"on_duplicat": "raise"},
+        {"lock_ttl": -1},
+        {"on_duplicate": "result"},
+        {"key": "report:{job}"},
+        {"key": ""},
+        "raise",
+    ]
+    for singleton in bad:
+        with pytest.raises(distlock.ConfigurationError):
+            work.apply_async(("job", 0.0), queue=nowhere, singleton=singleton)
+    assert redis.Redis.from_url(redis_url).llen(nowhere) == 0
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_etcd_at_enqueue_time_is_a_clear_error_and_nothing_is_sent(
+    celery_urls: tuple[str, str, str, str], make_celery_app: Callable[[str, str, str, str], Celery], redis_url: str
+) -> None:
+    broker, backend, _, queue = celery_urls
+    dead = f"etcd://127.0.0.1:{_closed_port()}"
+    app = make_celery_app(broker, backend, dead, queue)
+    app.conf.distlock_options = {"connect_timeout": 0.5, "request_timeout": 0.5}
+    nowhere = f"nowhere-{uuid.uuid4().hex[:8]}"
+    broker_redis = redis.Redis.from_url(redis_url)
+    try:
+        started = time.monotonic()
+        with pytest.raises(distlock.BackendUnavailable, match=dead.removeprefix("etcd://")):
+            app.tasks["t.queued"].apply_async(("job", 0.0), queue=nowhere)
+        assert time.monotonic() - started < 5
+        assert broker_redis.llen(nowhere) == 0  # not sent: the caller got the error instead of a dropped task
+        # lock_on="run" needs no lock service to send: the worker takes the lock when the task runs.
+        app.tasks["t.work"].apply_async(("job", 0.0), queue=nowhere)
+        assert broker_redis.llen(nowhere) == 1
+    finally:
+        broker_redis.delete(nowhere)
+        app.close()
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+
+
+def test_settings_come_from_app_conf_and_django_is_never_imported(etcd_url: str) -> None:
+    done = _python(f"""
+        import sys
+        from celery import Celery
+        import distlock
+        from distlock.celery import SingletonTask, get_client
+
+        app = Celery("plain", set_as_current=False)
+        try:
+            get_client(app)
+        except distlock.ConfigurationError as e:
+            assert "app.conf.distlock_url" in str(e), e
+        else:
+            raise AssertionError("no error without a URL")
+        app.conf.distlock_url = {etcd_url!r}
+        client = get_client(app)
+        assert get_client(app) is client
+        assert client.holder("nothing") is None
+        # kombu imports django.utils whenever Django is installed; Django's settings and our Django app stay out.
+        ours = ("django.conf", "django.core", "django.db", "distlock_django")
+        django = [m for m in sys.modules if m.startswith(ours)]
+        assert not django, django
+        print("ok")
+    """)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_without_app_conf_a_configured_django_project_supplies_the_client(etcd_url: str) -> None:
+    done = _python(f"""
+        from django.conf import settings
+        settings.configure(DISTLOCK={{"URL": {etcd_url!r}, "OPTIONS": {{"connect_timeout": 2}}}})
+        from celery import Celery
+        import distlock_django
+        from distlock.celery import get_client
+
+        app = Celery("django-project", set_as_current=False)
+        assert get_client(app) is distlock_django.get_client()
+        app.conf.distlock_url = {etcd_url!r}
+        assert get_client(app) is not distlock_django.get_client()  # app.conf wins
+        print("ok")
+    """)
+    assert done.stdout.strip() == "ok", done.stderr
