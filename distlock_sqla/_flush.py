@@ -34,7 +34,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Delete, Table, Update, event, inspect, select
-from sqlalchemy.engine import Connection, Result
+from sqlalchemy.engine import Connection, Engine, Result
 from sqlalchemy.orm import Mapper, ORMExecuteState, Session, object_session
 from sqlalchemy.orm.base import NO_VALUE
 
@@ -100,7 +100,7 @@ def _fence(spec: FenceSpec, target: Any, action: str, *, inserting: bool = False
     return fence_for_row(
         spec.lock_name(values),
         None,
-        what=_describe(action, spec, target),
+        what=lambda: _describe(action, spec, target),
         required=_strict(session, spec),
         inserting=inserting,
     )
@@ -110,7 +110,6 @@ def _expect(session: Session | None, connection: Connection, expected: _Expected
     pending = _pending.get(connection)
     if pending is None:
         pending = _pending[connection] = deque()
-        event.listen(connection, "after_execute", _check_rowcount)
     pending.append(expected)
     if session is not None:
         touched: list[deque[_Expected]] = session.info.setdefault(_TOUCHED, [])
@@ -155,6 +154,7 @@ def _before_insert(mapper: Mapper[Any], connection: Connection, target: Any) -> 
         target.fence_token = fence.token
 
 
+@event.listens_for(Engine, "after_execute")
 def _check_rowcount(
     conn: Connection,
     clauseelement: Any,

@@ -40,7 +40,10 @@ class FencedMixin:
     a session can be made strict for all fenced models with ``session.info[distlock_sqla.STRICT] = True``.
     """
 
-    fence_token: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
+    # No server_default: SQLAlchemy takes a version column with one for server-generated and reads it back with
+    # RETURNING after every UPDATE (measured: +70 us, 8 % of a PostgreSQL ORM update). A migration adding the
+    # column to a table with rows gives it a database-side DEFAULT 0 of its own.
+    fence_token: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
     fence_lock: ClassVar[str]
     fence_strict: ClassVar[bool] = False
     __fence_spec__: ClassVar[FenceSpec]

@@ -17,7 +17,7 @@ What can go wrong, and what is raised:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +166,9 @@ def as_fence(fence: FenceLike) -> Fence | Lock | None:
     raise ConfigurationError(f"fence= must be a distlock Fence or a held Lock/AsyncLock, not {type(fence).__name__}")
 
 
-def fence_for_row(name: str, fence: FenceLike, *, what: str, required: bool, inserting: bool = False) -> Fence | None:
+def fence_for_row(
+    name: str, fence: FenceLike, *, what: str | Callable[[], str], required: bool, inserting: bool = False
+) -> Fence | None:
     """The fence for a write to ``what``, a row guarded by lock ``name``; None when it is to be written unfenced.
 
     Explicit ``fence``: it must be of lock ``name`` (``LockNotOwned``). Otherwise the innermost held lock of that
@@ -176,6 +178,8 @@ def fence_for_row(name: str, fence: FenceLike, *, what: str, required: bool, ins
     found = fence_for(name, as_fence(fence))
     if found is not None:
         return found
+    if callable(what):
+        what = what()
     held = current_lock()
     if held is not None and not inserting:
         raise LockNotOwned(
