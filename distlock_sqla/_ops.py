@@ -135,11 +135,37 @@ def _claim_one(session: Session, model: type[_M], ident: Any, fence: FenceLike) 
         names = _names(session, spec, select(*spec.pk, *(expr for _, expr in spec.fields)).where(spec.pk_matches([pk])))
         if not names:
             raise NoResultFound(f"no {spec.label} with primary key {ident!r}")
-    _claim_rows(session, spec, names, fence, missing_is_error=False)
-    found = session.get(model, ident, populate_existing=True)
+    if _can_return(session, spec):
+        # One statement: the claiming UPDATE returns the claimed row, which loads (or refreshes) the object.
+        [(pk, name)] = names.items()
+        found_fence = fence_for_row(name, fence, what=f"claim of {spec.describe(pk)}", required=True)
+        assert found_fence is not None  # required=True raises instead
+        token = found_fence.token
+        statement = (
+            update(model)
+            .where(spec.pk_matches([pk]), spec.fence_column <= token)
+            .values({spec.fence_column: token})
+            .returning(model)
+        )
+        options = {**_OPTIONS, "populate_existing": True, "synchronize_session": False}
+        returned = session.execute(statement, execution_options=options).scalars().one_or_none()
+        if returned is None:
+            _raise_if_stale(session, spec, [pk], token, "claim", name)
+        found = returned
+    else:
+        _claim_rows(session, spec, names, fence, missing_is_error=False)
+        found = session.get(model, ident, populate_existing=True)
     if found is None:
         raise NoResultFound(f"no {spec.label} with primary key {ident!r}")
     return found
+
+
+def _can_return(session: Session, spec: FenceSpec) -> bool:
+    """Can the claim of one object be one ``UPDATE ... RETURNING``? (One mapped table, a dialect that returns.)"""
+    mapper = getattr(spec.model, "__mapper__", None)
+    if mapper is None or len(mapper.tables) != 1:
+        return False
+    return bool(session.get_bind(mapper=mapper).dialect.update_returning)
 
 
 def _claim_rows(

@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Column, Engine, ForeignKey, Integer, String, Table, create_engine, event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
 
-from distlock_sqla import FencedMixin, fenced_table
+from distlock_sqla import FencedMixin, fenced_mapper_args, fenced_table
 
 
 class Base(DeclarativeBase):
@@ -47,6 +47,27 @@ class StrictCounter(FencedMixin, Base):
     fence_strict = True
     id: Mapped[int] = mapped_column(primary_key=True)
     value: Mapped[int] = mapped_column(default=0)
+
+
+class Vehicle(FencedMixin, Base):
+    """Joined-table inheritance: the fence lives in the base table."""
+
+    __tablename__ = "vehicles"
+    fence_lock = "vehicle:{id}"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(10))
+    miles: Mapped[int] = mapped_column(default=0)
+
+    @declared_attr.directive
+    def __mapper_args__(cls) -> dict[str, Any]:  # noqa: N805
+        return fenced_mapper_args(cls, polymorphic_on=cls.__table__.c.kind, polymorphic_identity="vehicle")
+
+
+class Car(Vehicle):
+    __tablename__ = "cars"
+    __mapper_args__ = {"polymorphic_identity": "car"}  # noqa: RUF012
+    id: Mapped[int] = mapped_column(ForeignKey("vehicles.id"), primary_key=True)
+    seats: Mapped[int] = mapped_column(default=4)
 
 
 class Plain(Base):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqla.models import Account, Counter, Plain, ledger
+from sqla.models import Account, Car, Counter, Plain, ledger
 from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import NoResultFound
 from sqlalchemy.orm import Session, sessionmaker
@@ -108,6 +108,23 @@ def test_claim_one_of_a_row_a_newer_holder_claimed_raises(
         set_token(engine, Counter, row_id, lock.token + 1)
         with pytest.raises(StaleFenceToken, match="claim of Counter"):
             claim_one(session, Counter, row_id)
+
+
+def test_a_joined_inheritance_row_is_claimed_and_flushed_through_its_base_table(
+    client: distlock.Client, sessions: sessionmaker[Session], engine: Engine, row_id: int
+) -> None:
+    with sessions.begin() as session:
+        session.add(Car(id=row_id, miles=10, seats=2))
+    with client.lock(f"vehicle:{row_id}", ttl=10) as lock, sessions() as session:
+        car = claim_one(session, Car, row_id)
+        assert isinstance(car, Car) and car.fence_token == lock.token
+        car.miles += 1  # the base table, where the fence is
+        car.seats += 1  # the subclass table
+        session.commit()
+        token = lock.token
+    with engine.connect() as conn:
+        row = conn.execute(select(Car.miles, Car.seats, Car.fence_token).where(Car.id == row_id)).one()
+    assert tuple(row) == (11, 3, token)
 
 
 # -- fenced bulk writes ---------------------------------------------------------------------------------------------
