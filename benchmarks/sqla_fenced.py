@@ -5,8 +5,10 @@ One round is what an application does per request: open a ``Session``, load one 
 * **plain**: a model without the mixin (same columns, ``fence_token`` included, so rows are as wide);
 * **fenced flush**: a ``FencedMixin`` model, inside its held lock: the flush finds the lock through the contextvar,
   renders the row's lock name, and writes ``SET value, fence_token = :t WHERE id = :id AND fence_token = :read``;
-* **claim + fenced flush**: the read-modify-write DESIGN §3 asks for: ``claim_one`` (a claiming UPDATE, then the
-  read) instead of ``session.get``, then the same flush.
+* **claim + fenced flush**: the read-modify-write DESIGN §3 asks for: ``claim_one`` (one claiming
+  ``UPDATE ... RETURNING``) instead of ``session.get``, then the same flush;
+* **fenced flush with a server_default** on ``fence_token``: why ``FencedMixin``'s column has none (SQLAlchemy reads
+  a server-defaulted version column back after every UPDATE).
 
 The lock is acquired once before measuring and held throughout (its acquisition is the etcd benchmark's subject,
 not this one's). All variants run in one process, interleaved in blocks whose order rotates, so a slow spell of
@@ -64,6 +66,16 @@ class FencedRow(FencedMixin, Base):
     value: Mapped[int] = mapped_column(default=0)
 
 
+class ServerDefaultRow(FencedMixin, Base):
+    """The fence column as it would be with a ``server_default``: SQLAlchemy then reads it back after each UPDATE."""
+
+    __tablename__ = "bench_server_default"
+    fence_lock = "bench-sqla:{id}"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+    fence_token: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
+
+
 def plain(engine: Engine) -> None:
     with Session(engine) as session:
         row = session.get(PlainRow, ROW)
@@ -80,6 +92,14 @@ def fenced(engine: Engine) -> None:
         session.commit()
 
 
+def server_default(engine: Engine) -> None:
+    with Session(engine) as session:
+        row = session.get(ServerDefaultRow, ROW)
+        assert row is not None
+        row.value += 1
+        session.commit()
+
+
 def claimed(engine: Engine) -> None:
     with Session(engine) as session:
         claim_one(session, FencedRow, ROW).value += 1
@@ -90,6 +110,7 @@ VARIANTS: dict[str, tuple[str, Callable[[Engine], None]]] = {
     "plain": ("plain ORM update", plain),
     "fenced": ("fenced flush", fenced),
     "claimed": ("claim + fenced flush", claimed),
+    "server_default": ("fenced flush, `server_default` on the column", server_default),
 }
 
 
@@ -123,7 +144,7 @@ def measure(database: Database, rounds: int, warmup: int, block: int) -> None:
     """Interleaved blocks of ``block`` rounds per variant, the order rotating from block to block."""
     Base.metadata.create_all(database.engine)
     with Session(database.engine) as session:
-        session.add_all([PlainRow(id=ROW), FencedRow(id=ROW)])
+        session.add_all([PlainRow(id=ROW), FencedRow(id=ROW), ServerDefaultRow(id=ROW)])
         session.commit()
     keys = list(VARIANTS)
     for key in keys:
@@ -195,8 +216,10 @@ def render(
         "One round: open a `Session`, load row 1, add 1 to a column, commit. *Plain*: a model without the mixin",
         "(same columns). *Fenced flush*: a `FencedMixin` model inside its held lock (acquired once, before",
         "measuring): the flush writes `SET value, fence_token = :t WHERE id = :id AND fence_token = :read`.",
-        "*Claim + fenced flush*: `claim_one()` (a claiming `UPDATE`, then the read) instead of `session.get()`,",
-        f"the read-modify-write of DESIGN §3. {args.rounds} rounds per variant after {args.warmup} warm-up rounds,",
+        "*Claim + fenced flush*: `claim_one()` (one claiming `UPDATE ... RETURNING`) instead of `session.get()`,",
+        'the read-modify-write of DESIGN §3. The last variant declares `server_default="0"` on `fence_token`, which',
+        "`FencedMixin` does not: SQLAlchemy then reads the version column back (`RETURNING`) after every UPDATE.",
+        f"{args.rounds} rounds per variant after {args.warmup} warm-up rounds,",
         f"interleaved in blocks of {args.block} (the order rotating), all in one process.",
         "",
         "| Database | variant | rounds | median ms | p99 ms | median ÷ plain |",
@@ -212,9 +235,10 @@ def render(
             f" (target ≤ {TARGET:.2f}x: {'met' if ratio <= TARGET else '**missed**'})" if "Postgre" in d.label else ""
         )
         lines.append(f"- {d.label}, fenced flush ÷ plain, median: {ratio:.2f}x{bound}")
-        lines.append(
-            f"- {d.label}, claim + fenced flush ÷ plain, median: {_ratio(d.median('claimed'), d.median('plain'))}"
-        )
+        claim_ratio = _ratio(d.median("claimed"), d.median("plain"))
+        lines.append(f"- {d.label}, claim + fenced flush ÷ plain, median: {claim_ratio}")
+        default_ratio = _ratio(d.median("server_default"), d.median("fenced"))
+        lines.append(f"- {d.label}, fenced flush with a `server_default` ÷ without, median: {default_ratio}")
     lines.append(MARKERS[1])
     return "\n".join(lines) + "\n"
 
@@ -256,12 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             Database(
                 "SQLite",
                 sqlite_engine(Path(temp) / "bench.sqlite3"),
-                f"SQLite {sqlite3.sqlite_version} (pysqlite), a file in a temporary directory, WAL, synchronous=NORMAL",
+                f"{sqlite3.sqlite_version} (pysqlite), a file in a temporary directory, WAL, synchronous=NORMAL",
             ),
             Database(
                 "PostgreSQL",
                 pg_engine,
-                f"PostgreSQL {pg_version} via psycopg {_version('psycopg')}, {postgres_description}",
+                f"{pg_version} via psycopg {_version('psycopg')}, {postgres_description}",
             ),
         ]
         machine = [

@@ -76,14 +76,20 @@ def test_claim_of_a_row_a_newer_holder_claimed_raises_and_reads_and_keeps_nothin
     assert tokens == {i: (token + 1 if i == tenant_rows[-1] else 0) for i in tenant_rows}
 
 
-def test_claim_through_a_core_connection(client: distlock.Client, engine: Engine, tenant_rows: list[int]) -> None:
+def test_claim_and_fenced_update_of_a_core_table_through_a_connection(
+    client: distlock.Client, engine: Engine, tenant_rows: list[int]
+) -> None:
     account = tenant_rows[0]
     with engine.begin() as conn:
         conn.execute(ledger.insert(), [{"id": account + i, "account_id": account, "amount": i} for i in range(3)])
     with client.lock(f"ledger:{account}", ttl=10) as lock, engine.begin() as conn:
         rows = claim(conn, select(ledger).where(ledger.c.account_id == account).order_by(ledger.c.id)).all()
+        assert fenced_update(conn, ledger, {"amount": ledger.c.amount + 10}, ledger.c.account_id == account) == 3
         token = lock.token
     assert [(r.amount, r.fence_token) for r in rows] == [(0, token), (1, token), (2, token)]
+    with engine.connect() as conn:
+        amounts = conn.execute(select(ledger.c.amount).where(ledger.c.account_id == account).order_by(ledger.c.id))
+        assert amounts.scalars().all() == [10, 11, 12]
 
 
 def test_claim_one_claims_and_loads_one_row(
