@@ -312,7 +312,8 @@ def _redis_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
     connection: dict[str, Any] = {
         "username": username,
         "password": password,
-        "socket_timeout": timeouts["request_timeout"],
+        # Also bounds the connection handshake (AUTH, ...): a paused server fails connect() in connect_timeout.
+        "socket_timeout": min(timeouts["connect_timeout"], timeouts["request_timeout"]),
         "socket_connect_timeout": min(timeouts["connect_timeout"], timeouts["request_timeout"]),
     }
     if tls:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import secrets
 import socket
 import threading
@@ -56,7 +57,7 @@ from typing import Any
 from . import _clock
 from ._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
 from ._names import escape_name
-from ._protocol import Holder, Interrupt, Lease, LeaseGone, Position, Ticket, owner_record
+from ._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_record
 
 try:
     import redis
@@ -197,6 +198,17 @@ def _redis_name(name: str) -> str:
     return escape_name(name).replace("{", "%7B").replace("}", "%7D")
 
 
+_ESCAPES = {"%25": "%", "%2F": "/", "%7B": "{", "%7D": "}"}
+
+
+def _name_of(key: str, prefix: str) -> str | None:
+    """The lock name of a queue key ``<prefix>:{<escaped>}:q`` (None for a key that is not one)."""
+    start = f"{prefix}:{{"
+    if not (key.startswith(start) and key.endswith("}:q")):
+        return None
+    return re.sub("%(25|2F|7B|7D)", lambda m: _ESCAPES[m.group(0)], key[len(start) : -3])
+
+
 def _lease_of(member: bytes) -> int:
     """The lease id in a queue member ``<lease hex>-<nonce>`` (0, a lease that never exists, if malformed)."""
     try:
@@ -238,8 +250,9 @@ class _Pool:
                 raise BackendError("the distlock client is closed")
             if self._idle:
                 return self._idle.pop()
-        # No retry=: redis-py's connections then retry nothing; RedisBackend retries within its deadline.
-        return self._connection_class(**self._options)
+        # No retry=: redis-py's connections then retry nothing; RedisBackend retries within its deadline. RESP2,
+        # whatever redis-py's default: the replies parsed here have one shape across redis-py versions.
+        return self._connection_class(protocol=2, **self._options)
 
     def put(self, connection: Any, *, failed: bool = False) -> None:
         with self._mutex:
@@ -269,6 +282,10 @@ class RedisTarget:
         """The pool of the server that serves ``key``."""
         raise NotImplementedError
 
+    def pools(self) -> list[_Pool]:
+        """The pools of every server that holds keys (every master of a Cluster)."""
+        raise NotImplementedError
+
     def refresh(self) -> None:
         """Re-learn the layout after a redirection (Cluster); nothing to do for one server."""
 
@@ -293,6 +310,9 @@ class RedisServer(RedisTarget):
 
     def pool_for(self, key: str) -> _Pool:
         return self._pool
+
+    def pools(self) -> list[_Pool]:
+        return [self._pool]
 
     def close(self) -> None:
         self._pool.close()
@@ -328,7 +348,12 @@ class RedisCluster(RedisTarget):
 
     def pool_for(self, key: str) -> _Pool:
         node = self._slots().get_node_from_key(key)
-        address = (str(node.host), int(node.port))
+        return self._pool((str(node.host), int(node.port)))
+
+    def pools(self) -> list[_Pool]:
+        return [self._pool((str(node.host), int(node.port))) for node in self._slots().get_primaries()]
+
+    def _pool(self, address: tuple[str, int]) -> _Pool:
         with self._mutex:
             pool = self._pools.get(address)
             if pool is None:
@@ -364,6 +389,8 @@ class RedisBackend:
         self.description = target.description
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
+        # What the connections are made with (see _client): it bounds connecting and its handshake too.
+        self._socket_timeout = min(connect_timeout, request_timeout)
         self._mutex = threading.Lock()
         self._lease_ttls: dict[int, float] = {}
         # Entries this process has in queues, by lease: revoking a lease removes them (Redis cannot do it).
@@ -380,15 +407,15 @@ class RedisBackend:
 
     # -- request plumbing -------------------------------------------------------------------------------------
 
-    def _once(self, key: str, args: tuple[Any, ...], deadline: float, first: bool) -> Any:
-        pool = self._target.pool_for(key)
+    def _once(self, key: str | _Pool, args: tuple[Any, ...], deadline: float, fast: bool) -> Any:
+        pool = self._target.pool_for(key) if isinstance(key, str) else key
         connection = pool.get()
         failed = False
         try:
             connection.send_command(*args)
-            # A first attempt is bounded by the socket timeout (= the request timeout); a retry, or a request
-            # with a smaller budget, by what is left of its deadline.
-            if not first or deadline - _clock.now() < self.request_timeout:
+            # The socket timeout bounds a first attempt whose budget is at least that long; anything else is
+            # bounded by what is left of its deadline (a poll with that timeout first: a little slower).
+            if not fast:
                 remaining = deadline - _clock.now()
                 if remaining <= 0 or not connection.can_read(timeout=remaining):
                     raise redis.exceptions.TimeoutError(f"no answer within {max(remaining, 0):.3g} s")
@@ -402,15 +429,17 @@ class RedisBackend:
         finally:
             pool.put(connection, failed=failed)
 
-    def _request(self, what: str, key: str, *args: Any, budget: float | None = None) -> tuple[Any, int]:
-        """Send one command for ``key``, retrying what may be retried; return the answer and the attempts made."""
-        deadline = _clock.now() + (self.request_timeout if budget is None else budget)
+    def _request(self, what: str, key: str | _Pool, *args: Any, budget: float | None = None) -> tuple[Any, int]:
+        """Send one command for ``key`` (or to one server's pool), retrying what may be retried; return the answer
+        and the attempts made."""
+        budget = self.request_timeout if budget is None else budget
+        deadline = _clock.now() + budget
         delay = 0.02
         attempts = 0
         while True:
             attempts += 1
             try:
-                return self._once(key, args, deadline, attempts == 1), attempts
+                return self._once(key, args, deadline, attempts == 1 and budget >= self._socket_timeout), attempts
             except _REFUSED as e:
                 raise AuthenticationFailed(f"{what}: {self.description} refused the credentials: {e}") from e
             except redis.exceptions.NoScriptError:
@@ -643,6 +672,41 @@ class RedisBackend:
                     name=name, token=int(token), lease_id=lease_id, owner=_nonce_of(member), waiters=entries - 1
                 )
             self._evict(name, member)
+
+    def inspect(self) -> list[LockState]:
+        """Every lock under this prefix with its holder and waiters in queue order, and their leases' time left.
+
+        Entries whose lease is gone are left out: they hold nothing, and the next waiter removes them.
+        """
+        queues: dict[str, list[tuple[bytes, int]]] = {}
+        pattern = f"{self._prefix}:{{*}}:q"
+        for pool in self._target.pools():
+            cursor: Any = 0
+            while True:
+                (cursor, keys), _ = self._request("inspect locks", pool, "SCAN", cursor, "MATCH", pattern, "COUNT", 500)
+                for key in keys:
+                    name = _name_of(bytes(key).decode("utf-8"), self._prefix)
+                    entries, _ = self._request("inspect locks", pool, "ZRANGE", key, 0, -1, "WITHSCORES")
+                    pairs = [(bytes(entries[i]), int(float(entries[i + 1]))) for i in range(0, len(entries), 2)]
+                    if name is not None and pairs:
+                        queues[name] = pairs
+                if int(cursor) == 0:
+                    break
+        ttl_left: dict[int, float | None] = {}
+        states = []
+        for name in sorted(queues):
+            waiters = []
+            for member, token in queues[name]:
+                lease_id = _lease_of(member)
+                if lease_id not in ttl_left:
+                    key = self._lease_key(lease_id)
+                    pttl, _ = self._request("read lease", key, "PTTL", key)
+                    ttl_left[lease_id] = -2.0 if pttl == -2 else None if pttl < 0 else pttl / 1000
+                if ttl_left[lease_id] != -2.0:
+                    waiters.append(Waiter(_nonce_of(member), token, lease_id, ttl_left[lease_id]))
+            if waiters:
+                states.append(LockState(name=name, holder=waiters[0], waiters=tuple(waiters[1:])))
+        return states
 
     def close(self) -> None:
         self._target.close()

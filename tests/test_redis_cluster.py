@@ -1,0 +1,140 @@
+"""The Redis backend on a real 3-master Redis Cluster (``redis+cluster://``): scripts stay in one slot, tokens and
+FIFO order hold, and a lock whose holder's lease (in another slot, often on another master) is gone is free."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from _support import wait_until, waiters
+
+import distlock
+from distlock.testing import RedisServer
+
+SLOTS = 16384
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[list[RedisServer]]:
+    """Three cluster-enabled redis-servers, each master of a third of the slots, no replicas."""
+    args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]
+    servers = [RedisServer(extra_args=args) for _ in range(3)]
+    try:
+        for server in servers:
+            server.start()
+        clients = [server.client() for server in servers]
+        for i, client in enumerate(clients):
+            client.cluster("ADDSLOTSRANGE", i * SLOTS // 3, (i + 1) * SLOTS // 3 - 1)
+        for server in servers[1:]:
+            clients[0].cluster("MEET", "127.0.0.1", server.port)
+        deadline = time.monotonic() + 30
+        while not all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients):
+            assert time.monotonic() < deadline, "the cluster did not reach cluster_state:ok"
+            time.sleep(0.05)
+        for client in clients:
+            client.close()
+        yield servers
+    finally:
+        for server in servers:
+            server.close()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: list[RedisServer]) -> str:
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{server.port}" for server in redis_cluster[:2])
+
+
+def _names_on_every_master(prefix: str, per_master: int) -> list[str]:
+    """Lock names whose keys live on each of the three masters (by the slot ranges the fixture assigned)."""
+    by_master: dict[int, list[str]] = {0: [], 1: [], 2: []}
+    i = 0
+    while min(len(names) for names in by_master.values()) < per_master:
+        name = f"{prefix}/{i}/{time.monotonic_ns()}"
+        by_master[redis.crc.key_slot(f"distlock:{{{name}}}:q".encode()) * 3 // SLOTS].append(name)
+        i += 1
+    return sorted(name for names in by_master.values() for name in names[:per_master])
+
+
+def test_the_lock_contract_holds_on_a_cluster(cluster_url: str) -> None:
+    names = _names_on_every_master("cluster", 3)
+    with distlock.connect(cluster_url) as client:
+        assert client.description.startswith("Redis Cluster at 127.0.0.1:")
+        for name in names:
+            tokens = []
+            for _ in range(2):
+                with client.lock(name, ttl=5) as lock:
+                    holder = client.holder(name)
+                    assert holder is not None and holder.token == lock.token
+                    assert not client.lock(name, ttl=5).acquire(blocking=False)
+                    tokens.append(lock.token)
+            assert tokens == sorted(set(tokens))
+            assert client.holder(name) is None
+
+
+def _queued(client: distlock.Client, name: str, count: int) -> bool:
+    return waiters(client, name) == count
+
+
+def test_waiters_acquire_in_arrival_order_on_a_cluster(cluster_url: str, lock_name: str) -> None:
+    with distlock.connect(cluster_url) as client:
+        holder = client.lock(lock_name, ttl=10)
+        assert holder.acquire()
+        order: list[int] = []
+        threads = []
+        for i in range(4):
+
+            def wait(i: int = i) -> None:
+                with client.lock(lock_name, ttl=10, timeout=30):
+                    order.append(i)
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            threads.append(thread)
+            wait_until(functools.partial(_queued, client, lock_name, i + 1), 10, f"waiter {i} to queue")
+        holder.release()
+        for thread in threads:
+            thread.join(30)
+        assert order == [0, 1, 2, 3]
+
+
+def test_a_lock_whose_holders_lease_is_gone_is_free_on_a_cluster(
+    cluster_url: str, redis_cluster: list[RedisServer], lock_name: str
+) -> None:
+    with distlock.connect(cluster_url) as first, distlock.connect(cluster_url) as second:
+        lock = first.lock(lock_name, ttl=30)
+        assert lock.acquire()
+        held = first.holder(lock_name)
+        assert held is not None
+        lease_key = f"distlock:lease:{held.lease_id:x}"
+        for server in redis_cluster:  # the lease key lives on whichever master serves its slot
+            with server.client() as node:
+                if node.cluster("COUNTKEYSINSLOT", redis.crc.key_slot(lease_key.encode())):
+                    node.delete(lease_key)
+        other = second.lock(lock_name, ttl=30)
+        assert other.acquire(timeout=5)
+        assert other.token > lock.token
+        with pytest.raises(distlock.LockLost):
+            lock.ensure_held(verify=True)
+        other.release()
+        # Our own lease gone behind our back on a cluster: the next acquisition notices and takes a new lease.
+        again = first.lock(lock_name, ttl=30)
+        assert again.acquire(timeout=5)
+        now = first.holder(lock_name)
+        assert now is not None and now.token == again.token and now.lease_id != held.lease_id
+        again.release()
+
+
+def test_inspect_lists_the_locks_of_every_master(cluster_url: str) -> None:
+    names = _names_on_every_master("inspect", 2)
+    with distlock.connect(cluster_url) as client:
+        locks = [client.lock(name, ttl=10) for name in names]
+        for lock in locks:
+            assert lock.acquire()
+        listed = [state.name for state in client.inspect() if state.name in names]
+        assert listed == names
+        for lock in locks:
+            lock.release()
