@@ -47,7 +47,7 @@ from distlock._errors import ConfigurationError
 
 from ._errors import StaleFenceToken, stale
 from ._flush import FENCED_OPTION
-from ._spec import FenceLike, FenceSpec, fence_for_row, spec_of, table_spec
+from ._spec import FenceLike, FenceSpec, required_fence, spec_of, table_spec
 
 __all__ = ["claim", "claim_one", "fenced_delete", "fenced_insert", "fenced_update"]
 
@@ -118,7 +118,8 @@ def claim_one(session: AsyncSession, model: type[_M], ident: Any, *, fence: Fenc
 def claim_one(session: Any, model: type[_M], ident: Any, *, fence: FenceLike = None) -> Any:
     """Claim the row of ``model`` with primary key ``ident`` (as ``session.get`` takes it), then load it.
 
-    Two statements when the lock name is made of primary-key fields (a claim and a read), three otherwise.
+    One ``UPDATE ... RETURNING`` when the lock name is made of primary-key fields and the dialect returns rows
+    (PostgreSQL, SQLite >= 3.35); a read of the row's key columns first otherwise, a separate read after.
     ``NoResultFound`` when there is no such row, ``StaleFenceToken`` when a newer holder has claimed it.
     """
     return _run(session, _claim_one, model, ident, fence)
@@ -138,9 +139,7 @@ def _claim_one(session: Session, model: type[_M], ident: Any, fence: FenceLike) 
     if _can_return(session, spec):
         # One statement: the claiming UPDATE returns the claimed row, which loads (or refreshes) the object.
         [(pk, name)] = names.items()
-        found_fence = fence_for_row(name, fence, what=f"claim of {spec.describe(pk)}", required=True)
-        assert found_fence is not None  # required=True raises instead
-        token = found_fence.token
+        token = required_fence(name, fence, what=f"claim of {spec.describe(pk)}").token
         statement = (
             update(model)
             .where(spec.pk_matches([pk]), spec.fence_column <= token)
@@ -282,10 +281,7 @@ def _fenced_insert(
             )
         name = spec.lock_name(values)
         if name not in fences:
-            what = f"insert into {spec.label} ({name})"
-            found = fence_for_row(name, fence, what=what, required=True, inserting=True)
-            assert found is not None  # required=True raises instead
-            fences[name] = found
+            fences[name] = required_fence(name, fence, what=f"insert into {spec.label} ({name})")
         grouped.setdefault(name, []).append(_columns(spec, row))
     with _all_or_nothing(executor, len(batch) > 1):
         for name, group in grouped.items():
@@ -349,9 +345,7 @@ def _write(
     fences: dict[str, Fence] = {}
     for pk, name in names.items():
         if name not in fences:
-            found = fence_for_row(name, fence, what=f"{action} of {spec.describe(pk)}", required=True)
-            assert found is not None  # required=True raises instead
-            fences[name] = found
+            fences[name] = required_fence(name, fence, what=f"{action} of {spec.describe(pk)}")
         groups.setdefault(name, []).append(pk)
     done = 0
     with _all_or_nothing(executor, len(names) > 1):

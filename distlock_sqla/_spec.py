@@ -27,7 +27,7 @@ from sqlalchemy.sql.expression import ColumnElement, SQLColumnExpression
 from distlock import AsyncLock, Fence, KeyTemplate, Lock, LockNotOwned, UnfencedWrite, current_lock, fence_for
 from distlock._errors import ConfigurationError, InvalidKeyTemplate
 
-__all__ = ["FenceLike", "FenceSpec", "fence_for_row", "fenced_table", "spec_of"]
+__all__ = ["FenceLike", "FenceSpec", "fence_for_row", "fenced_table", "required_fence", "spec_of"]
 
 FENCE_COLUMN = "fence_token"
 _INFO_KEY = "distlock_sqla.fence"
@@ -193,3 +193,10 @@ def fence_for_row(
             "write inside it, or pass fence="
         )
     return None
+
+
+def required_fence(name: str, fence: FenceLike, *, what: str) -> Fence:
+    """:func:`fence_for_row` for the fenced helpers, which never write unfenced: a fence, or an error."""
+    found = fence_for_row(name, fence, what=what, required=True)
+    assert found is not None  # required=True raises instead of returning None
+    return found
