@@ -76,28 +76,17 @@ class ServerDefaultRow(FencedMixin, Base):
     fence_token: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
 
 
-def plain(engine: Engine) -> None:
-    with Session(engine) as session:
-        row = session.get(PlainRow, ROW)
-        assert row is not None
-        row.value += 1
-        session.commit()
+def load_and_increment(model: type[Any]) -> Callable[[Engine], None]:
+    """One round on ``model``: a session, ``session.get()``, ``value += 1``, commit."""
 
+    def round_(engine: Engine) -> None:
+        with Session(engine) as session:
+            row = session.get(model, ROW)
+            assert row is not None
+            row.value += 1
+            session.commit()
 
-def fenced(engine: Engine) -> None:
-    with Session(engine) as session:
-        row = session.get(FencedRow, ROW)
-        assert row is not None
-        row.value += 1
-        session.commit()
-
-
-def server_default(engine: Engine) -> None:
-    with Session(engine) as session:
-        row = session.get(ServerDefaultRow, ROW)
-        assert row is not None
-        row.value += 1
-        session.commit()
+    return round_
 
 
 def claimed(engine: Engine) -> None:
@@ -107,10 +96,10 @@ def claimed(engine: Engine) -> None:
 
 
 VARIANTS: dict[str, tuple[str, Callable[[Engine], None]]] = {
-    "plain": ("plain ORM update", plain),
-    "fenced": ("fenced flush", fenced),
+    "plain": ("plain ORM update", load_and_increment(PlainRow)),
+    "fenced": ("fenced flush", load_and_increment(FencedRow)),
     "claimed": ("claim + fenced flush", claimed),
-    "server_default": ("fenced flush, `server_default` on the column", server_default),
+    "server_default": ("fenced flush, `server_default` on the column", load_and_increment(ServerDefaultRow)),
 }
 
 

@@ -26,9 +26,9 @@ from sqlalchemy import BigInteger, Column, event
 from sqlalchemy.orm import Mapped, Mapper, declared_attr, mapped_column
 
 from distlock import KeyTemplate
-from distlock._errors import ConfigurationError, InvalidKeyTemplate
+from distlock._errors import ConfigurationError
 
-from ._spec import FENCE_COLUMN, FenceSpec, register
+from ._spec import FENCE_COLUMN, FenceSpec, check_fields, register
 
 __all__ = ["FencedMixin", "fenced_mapper_args"]
 
@@ -84,14 +84,7 @@ def _declare(mapper: Mapper[Any], cls: type[Any]) -> None:
             f"{cls.__name__}: FencedMixin needs fence_token as the mapper's version_id_col, without a generator; "
             "a __mapper_args__ of your own must include distlock_sqla.fenced_mapper_args(cls, ...)"
         )
-    columns = mapper.columns
-    missing = [field for field in template.fields if field not in columns]
-    if missing:
-        raise InvalidKeyTemplate(
-            f"{cls.__name__}.fence_lock {declared!r} names {', '.join(map(repr, missing))}, which "
-            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of {cls.__name__} (columns: "
-            f"{', '.join(columns.keys())}); a row's lock name must be made of its own columns"
-        )
+    check_fields(template, f"{cls.__name__}.fence_lock {declared!r}", cls.__name__, list(mapper.columns.keys()))
     table = version.table
     pk_columns = tuple(mapper.primary_key)
     spec = FenceSpec(

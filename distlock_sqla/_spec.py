@@ -96,13 +96,7 @@ def fenced_table(table: Table, lock: str, *, strict: bool = False) -> Table:
         )
     if not table.primary_key.columns:
         raise ConfigurationError(f"table {table.name!r} cannot be fenced: it has no primary key to claim rows by")
-    missing = [field for field in template.fields if field not in table.c]
-    if missing:
-        raise InvalidKeyTemplate(
-            f"lock template {lock!r} of table {table.name!r} names {', '.join(map(repr, missing))}, which "
-            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of it (columns: "
-            f"{', '.join(table.c.keys())}); a row's lock name must be made of its own columns"
-        )
+    check_fields(template, f"lock template {lock!r} of table {table.name!r}", table.name, table.c.keys())
     pk_columns = tuple(table.primary_key.columns)
     spec = FenceSpec(
         label=table.name,
@@ -117,6 +111,17 @@ def fenced_table(table: Table, lock: str, *, strict: bool = False) -> Table:
     )
     register(spec)
     return table
+
+
+def check_fields(template: KeyTemplate, what: str, owner: str, columns: Sequence[str]) -> None:
+    """``InvalidKeyTemplate`` unless every field of ``template`` (declared by ``what``) is one of ``columns``."""
+    missing = [field for field in template.fields if field not in columns]
+    if missing:
+        raise InvalidKeyTemplate(
+            f"{what} names {', '.join(map(repr, missing))}, which "
+            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of {owner} (columns: "
+            f"{', '.join(columns)}); a row's lock name must be made of its own columns"
+        )
 
 
 def register(spec: FenceSpec) -> None:
