@@ -19,7 +19,9 @@ is refused only if a lock holder touched the row since it was read (unfenced wri
 with :func:`distlock_sqla.claim` inside the lock and a newer holder's claim makes the old holder's flush fail.
 
 0 rows matched raises :class:`StaleFenceToken` (also a ``StaleDataError``) from the statement itself, before
-SQLAlchemy's own rowcount check, and the flush's transaction is rolled back: nothing of the flush is written.
+SQLAlchemy's own rowcount check, and the flush's transaction is rolled back: nothing of the flush is written. The
+check is one ``after_execute`` listener on the ``Engine`` class, so it sees sync and async engines alike: for any
+statement on a connection that is not in the middle of a fenced flush it costs one dictionary lookup.
 
 Strict mode (``fence_strict = True`` on the model, or ``session.info[STRICT] = True``) raises ``UnfencedWrite`` for
 a flush of a fenced object outside its lock, and for ``session.execute(update/delete/insert)`` on a fenced model or
