@@ -5,7 +5,7 @@ script touches one Redis Cluster slot::
 
     <prefix>:{E}:q          sorted set: the FIFO queue, member "<lease hex>-<nonce>", score = its fencing token
     <prefix>:{E}:token      the token counter: never expires
-    <prefix>:{E}:owners     hash member -> owner record (host, pid), for operators reading Redis
+    <prefix>:{E}:owners     hash member -> owner record: the owner id ``holder()`` reports, host and pid
     <prefix>:{E}:wake:<m>   list: the wake-up call of waiter <m>, pushed when the waiter just ahead leaves
     <prefix>:lease:<hex>    a client's session lease: a plain key with a PX expiry, refreshed by the keeper
 
@@ -29,8 +29,11 @@ does not create). Redis cannot delete the entries of an expired key itself, so
 - revoking a lease (closing the client, losing a session) deletes the lease key and then the entries this
   process still has on it, so their successors do not wait out the TTL.
 
-Lease checks are plain commands on the lease key outside the scripts, which only touch the lock's own slot:
-that keeps every script Cluster-safe, and costs nothing uncontended.
+On one server the joining and queue-reading scripts also check the caller's own lease key (passed as a key), so
+an entry whose lease vanished behind its client's back (deleted by hand, a server clock jump) never holds the
+lock. A Cluster script may only touch its lock's slot; there the client checks its lease with ``EXISTS`` before
+it calls itself the holder, one more request per acquisition. The lease of the waiter ahead is checked with
+``PTTL`` outside the scripts either way.
 
 What can go wrong: Redis can be unreachable, restarting (``LOADING``), paused, or failing over (``READONLY``,
 ``MOVED``). Every request is idempotent (joining checks the member first; removals check member and token), so
@@ -57,7 +60,18 @@ from typing import Any
 from . import _clock
 from ._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
 from ._names import escape_name
-from ._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_record
+from ._protocol import (
+    Holder,
+    Interrupt,
+    Lease,
+    LeaseGone,
+    LockState,
+    Position,
+    Ticket,
+    Waiter,
+    owner_id,
+    owner_record,
+)
 
 try:
     import redis
@@ -103,9 +117,11 @@ local function place(q, member, t)
   return {t, 0, ahead[1], tonumber(ahead[2]), redis.call('ZRANK', q, member)}
 end
 local function remove(q, member, t)
-  local wake = string.sub(q, 1, -2) .. 'wake:'
+  local base = string.sub(q, 1, -2)
+  local wake = base .. 'wake:'
   local behind = redis.call('ZRANGEBYSCORE', q, '(' .. fmt(t), '+inf', 'LIMIT', 0, 1)
   redis.call('ZREM', q, member)
+  redis.call('HDEL', base .. 'owners', member)
   redis.call('DEL', wake .. member)
   if #behind > 0 then
     local key = wake .. behind[1]
@@ -116,14 +132,15 @@ local function remove(q, member, t)
 end
 """.replace("WAKE_TTL_MS", str(_WAKE_TTL_MS))
 
-# KEYS: queue, counter[, lease]. ARGV: member. Answers {token, 1} (head), {token, 0, member ahead, its token,
-# entries ahead}, or {0, 3} when the lease key is gone. Joining twice with one member answers the first place.
+# KEYS: queue, counter, owners[, lease]. ARGV: member, owner record. Answers {token, 1} (head), {token, 0,
+# member ahead, its token, entries ahead}, or {0, 3} when the lease key is gone. Joining twice with one member
+# answers the first place.
 _ENQUEUE = (
     _LUA_HELPERS
     + """
 local q, member = KEYS[1], ARGV[1]
 local score = redis.call('ZSCORE', q, member)
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then
   if score then remove(q, member, tonumber(score)) end
   return {0, 3}
 end
@@ -139,6 +156,7 @@ else
     redis.call('SET', KEYS[2], fmt(t))
   end
   redis.call('ZADD', q, fmt(t), member)
+  redis.call('HSET', KEYS[3], member, ARGV[2])
 end
 return place(q, member, t)
 """
@@ -170,11 +188,11 @@ return 1
 """
 )
 
-# KEYS: queue. Answers {} or {member, token, entries}.
+# KEYS: queue, owners. Answers {} or {member, token, entries, owner record}.
 _HEAD = """
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #head == 0 then return {} end
-return {head[1], tonumber(head[2]), redis.call('ZCARD', KEYS[1])}
+return {head[1], tonumber(head[2]), redis.call('ZCARD', KEYS[1]), redis.call('HGET', KEYS[2], head[1]) or ''}
 """
 
 
@@ -543,8 +561,9 @@ class RedisBackend:
         answer, _ = self._script(
             f"enqueue for lock {name!r}",
             ENQUEUE,
-            self._own_lease((keys + "q", keys + "token"), lease_id),
+            self._own_lease((keys + "q", keys + "token", keys + "owners"), lease_id),
             member,
+            owner,
         )
         gone = LeaseGone(f"enqueue for lock {name!r}: the lease is gone on {self.description}")
         if int(answer[1]) == 3:
@@ -660,16 +679,16 @@ class RedisBackend:
     def holder(self, name: str) -> Holder | None:
         keys = self._lock_keys(name)
         while True:
-            answer, _ = self._script(f"read holder of lock {name!r}", HEAD, (keys + "q",))
+            answer, _ = self._script(f"read holder of lock {name!r}", HEAD, (keys + "q", keys + "owners"))
             if not answer:
                 return None
-            member, token, entries = answer
+            member, token, entries, owner = answer
             lease_id = _lease_of(member)
             lease_key = self._lease_key(lease_id)
             alive, _ = self._request(f"read holder of lock {name!r}", lease_key, "EXISTS", lease_key)
             if alive:
                 return Holder(
-                    name=name, token=int(token), lease_id=lease_id, owner=_nonce_of(member), waiters=entries - 1
+                    name=name, token=int(token), lease_id=lease_id, owner=owner_id(owner), waiters=entries - 1
                 )
             self._evict(name, member)
 
@@ -678,7 +697,7 @@ class RedisBackend:
 
         Entries whose lease is gone are left out: they hold nothing, and the next waiter removes them.
         """
-        queues: dict[str, list[tuple[bytes, int]]] = {}
+        queues: dict[str, list[tuple[bytes, int, str]]] = {}
         pattern = f"{self._prefix}:{{*}}:q"
         for pool in self._target.pools():
             cursor: Any = 0
@@ -687,23 +706,29 @@ class RedisBackend:
                 for key in keys:
                     name = _name_of(bytes(key).decode("utf-8"), self._prefix)
                     entries, _ = self._request("inspect locks", pool, "ZRANGE", key, 0, -1, "WITHSCORES")
-                    pairs = [(bytes(entries[i]), int(float(entries[i + 1]))) for i in range(0, len(entries), 2)]
-                    if name is not None and pairs:
-                        queues[name] = pairs
+                    owners, _ = self._request("inspect locks", pool, "HGETALL", bytes(key)[:-1] + b"owners")
+                    records = {bytes(owners[i]): bytes(owners[i + 1]) for i in range(0, len(owners), 2)}
+                    queue = []
+                    for i in range(0, len(entries), 2):
+                        member = bytes(entries[i])
+                        owner = owner_id(records[member]) if member in records else _nonce_of(member)
+                        queue.append((member, int(float(entries[i + 1])), owner))
+                    if name is not None and queue:
+                        queues[name] = queue
                 if int(cursor) == 0:
                     break
         ttl_left: dict[int, float | None] = {}
         states = []
         for name in sorted(queues):
             waiters = []
-            for member, token in queues[name]:
+            for member, token, owner in queues[name]:
                 lease_id = _lease_of(member)
                 if lease_id not in ttl_left:
                     key = self._lease_key(lease_id)
                     pttl, _ = self._request("read lease", key, "PTTL", key)
                     ttl_left[lease_id] = -2.0 if pttl == -2 else None if pttl < 0 else pttl / 1000
                 if ttl_left[lease_id] != -2.0:
-                    waiters.append(Waiter(_nonce_of(member), token, lease_id, ttl_left[lease_id]))
+                    waiters.append(Waiter(owner, token, lease_id, ttl_left[lease_id]))
             if waiters:
                 states.append(LockState(name=name, holder=waiters[0], waiters=tuple(waiters[1:])))
         return states

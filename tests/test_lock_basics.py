@@ -39,6 +39,29 @@ def test_tokens_strictly_increase_across_holders_and_clients(backend_url: str, l
     assert tokens == sorted(set(tokens)), tokens
 
 
+def test_holder_and_inspect_report_owner_ids_in_queue_order(client: distlock.Client, lock_name: str) -> None:
+    holder = client.lock(lock_name, ttl=5, owner="task-42")
+    assert holder.acquire()
+    waiter = client.lock(lock_name, ttl=5, owner="task-43")
+
+    def wait() -> None:
+        with waiter:
+            pass
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: waiters(client, lock_name) == 1, 5, "the waiter to queue")
+    current = client.holder(lock_name)
+    assert current is not None and current.owner == "task-42" and current.token == holder.token
+    [state] = [s for s in client.inspect() if s.name == lock_name]
+    assert state.holder.owner == "task-42" and state.holder.token == holder.token
+    assert [w.owner for w in state.waiters] == ["task-43"]
+    assert state.holder.ttl_left is not None and 0 < state.holder.ttl_left <= 5
+    holder.release()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 def test_two_threads_on_one_client_exclude_each_other(client: distlock.Client, lock_name: str) -> None:
     first = client.lock(lock_name, ttl=5)
     second = client.lock(lock_name, ttl=5)
