@@ -141,7 +141,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
       lost even if the task still runs.
     - ``lock_timeout`` (default 0): how long a worker waits for a busy lock before the call counts as a duplicate.
     - ``lock_max_queued`` (default ``lock_ttl``): how long an enqueue-time reservation (or the lock kept for a
-      retry, after its countdown) waits for a worker to take it over.
+      retry) waits for a worker to take it over, counted from when the task is due (its eta or countdown).
     - ``duplicate_retry_delay`` (default 5 s): the countdown of ``on_duplicate="retry"``.
     """
 
@@ -243,7 +243,9 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         client = get_client(self.app)
         holder = client.holder(name)
         if holder is None:
-            lock = client.lock(name, ttl=effective.ttl, max_hold=effective.queued_for, owner=_owner(task_id))
+            # An eta or countdown delays the task on purpose: the reservation lasts until it is due, and then some.
+            hold_for = _delay_of(options) + effective.queued_for
+            lock = client.lock(name, ttl=effective.ttl, max_hold=hold_for, owner=_owner(task_id))
             # A copied context: the reservation must not become the caller's current_lock().
             if contextvars.copy_context().run(lock.acquire, False):
                 header["reservation"] = lock.token

@@ -1,0 +1,357 @@
+"""Benchmark: what ``distlock.celery.SingletonTask`` costs per task over a plain Celery task, on the same worker.
+
+One run starts an etcd (fsync on, :func:`benchmarks.etcd_locks._server`, or ``--etcd-url``), a Redis as broker and
+result backend (``distlock.testing.RedisServer``, or ``--redis-url``) and one Celery worker (prefork, 2 processes)
+running three tasks with empty bodies:
+
+* ``plain``: ``@app.task`` — the floor;
+* ``run``: ``@app.task(base=SingletonTask, unique_on=["i"])`` — locked while it runs (``lock_on="run"``);
+* ``enqueue``: the same with ``lock_on="enqueue"`` — reserved by the sender, handed to the worker.
+
+Every call has its own ``i``, so no call is a duplicate: this measures the price of the lock, not of contention. It
+measures, for each task:
+
+* **round trip**: ``task.delay(i).get()`` one call at a time, from this process, the tasks interleaved in blocks (the
+  order rotating from block to block) so that a slow spell of the shared machine hits them alike;
+* **in the worker**: the time from Celery's ``task_prerun`` to its ``task_postrun`` signal in the worker process
+  (the lock taken before the body and released after it, the result stored), recorded by the worker;
+* **etcd RPCs per task**, read from etcd's own counters between blocks (keep-alives of the worker's lease included);
+* **throughput**: a burst of calls sent at once, until the last result is in.
+
+The figures are printed and written into ``docs/BENCHMARKS.md`` between the ``celery-overhead`` markers, with the
+machine (through :func:`benchmarks.etcd_locks._machine`). Everything is bounded: a result that does not come within
+``--timeout`` seconds stops the run with an error instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, signals
+
+from benchmarks.etcd_locks import Etcd, _breakdown, _machine, _ms, _percentile, _ratio, _server, write_section
+from distlock.celery import SingletonTask
+from distlock.testing import RedisServer
+
+MARKERS = ("<!-- celery-overhead:begin -->", "<!-- celery-overhead:end -->")
+KINDS = {
+    "plain": "plain `@app.task`",
+    "run": '`SingletonTask`, `lock_on="run"`',
+    "enqueue": '`SingletonTask`, `lock_on="enqueue"`',
+}
+TTL = 30.0
+TIMINGS_ENV = "DISTLOCK_BENCH_CELERY_TIMINGS"
+URL_ENV = ("DISTLOCK_BENCH_CELERY_BROKER", "DISTLOCK_BENCH_CELERY_BACKEND", "DISTLOCK_BENCH_CELERY_ETCD")
+QUEUE_ENV = "DISTLOCK_BENCH_CELERY_QUEUE"
+
+
+def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
+    """The benchmark's app: the same three tasks in the sending process and in the worker."""
+    app = Celery("distlock_celery_bench", broker=broker, backend=backend, set_as_current=False)
+    app.conf.update(
+        distlock_url=etcd_url,
+        task_default_queue=queue,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        result_expires=600,
+        broker_connection_retry_on_startup=True,
+    )
+
+    @app.task(shared=False, name="bench.plain")
+    def plain(i: int) -> int:
+        return i
+
+    @app.task(shared=False, base=SingletonTask, name="bench.run", unique_on=["i"], lock_ttl=TTL)
+    def run(i: int) -> int:
+        return i
+
+    @app.task(shared=False, base=SingletonTask, name="bench.enqueue", unique_on=["i"], lock_on="enqueue", lock_ttl=TTL)
+    def enqueue(i: int) -> int:
+        return i
+
+    del plain, run, enqueue
+    return app
+
+
+# --- the worker process -----------------------------------------------------------------------------------
+
+
+def _record_worker_timings(path: str) -> None:
+    """In the worker: append ``{"task": name, "seconds": prerun -> postrun}`` per task to ``path``."""
+    started: dict[str, float] = {}
+
+    @signals.task_prerun.connect(weak=False)
+    def prerun(task_id: str, **_: Any) -> None:
+        started[task_id] = time.perf_counter()
+
+    @signals.task_postrun.connect(weak=False)
+    def postrun(task_id: str, task: Any, **_: Any) -> None:
+        begin = started.pop(task_id, None)
+        if begin is None:
+            return
+        line = json.dumps({"task": task.name, "seconds": time.perf_counter() - begin}) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+def _worker_main(argv: list[str]) -> None:
+    broker, backend, etcd_url = (os.environ[name] for name in URL_ENV)
+    app = make_app(broker, backend, etcd_url, os.environ[QUEUE_ENV])
+    _record_worker_timings(os.environ[TIMINGS_ENV])
+    app.worker_main(argv)
+
+
+@contextmanager
+def _worker(urls: tuple[str, str, str, str], timings: Path, log: Path, app: Celery, timeout: float) -> Iterator[None]:
+    broker, backend, etcd_url, queue = urls
+    env = dict(os.environ)
+    env.update(dict(zip(URL_ENV, (broker, backend, etcd_url), strict=True)))
+    env.update({QUEUE_ENV: queue, TIMINGS_ENV: str(timings)})
+    command = [sys.executable, "-m", "benchmarks.celery_overhead", "--as-worker", "worker", "--pool=prefork"]
+    command += ["--concurrency=2", "--loglevel=WARNING", "--without-gossip", "--without-mingle"]
+    command += ["--without-heartbeat", "-Q", queue, f"--hostname={queue}@%h"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        try:
+            app.tasks["bench.plain"].delay(0).get(timeout=timeout)
+        except Exception as e:
+            raise RuntimeError(f"the Celery worker did not answer: {e!r}\n{log.read_text()[-3000:]}") from e
+        yield
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=15)
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+# --- measuring --------------------------------------------------------------------------------------------
+
+
+class Kind:
+    """What was measured for one task."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.round_trips: list[float] = []
+        self.in_worker: list[float] = []
+        self.rpcs: Counter[str] = Counter()
+        self.calls = 0
+        self.burst: tuple[int, float] | None = None  # (calls, seconds)
+
+    def row(self) -> str:
+        trips, work = sorted(self.round_trips), sorted(self.in_worker)
+        rpcs = sum(self.rpcs.values()) / self.calls if self.calls else float("nan")
+        rate = f"{self.burst[0] / self.burst[1]:.0f}" if self.burst else "n/a"
+        cells = [
+            KINDS[self.key],
+            str(len(trips)),
+            _ms(_percentile(trips, 50)),
+            _ms(_percentile(trips, 99)),
+            _ms(_percentile(work, 50)),
+            _ms(_percentile(work, 99)),
+            f"{rpcs:.2f}",
+            _breakdown(self.rpcs, self.calls),
+            rate,
+        ]
+        return f"| {' | '.join(cells)} |"
+
+
+def _sequential(app: Celery, etcd: Etcd, kinds: dict[str, Kind], rounds: int, block: int, timeout: float) -> None:
+    order = list(kinds)
+    counter = 0
+    for number in range(max(1, rounds // block)):
+        rotated = order[number % len(order) :] + order[: number % len(order)]
+        for key in rotated:
+            task = app.tasks[f"bench.{key}"]
+            before = etcd.metrics.rpcs()
+            for _ in range(block):
+                counter += 1
+                start = time.perf_counter()
+                task.delay(counter).get(timeout=timeout)
+                kinds[key].round_trips.append(time.perf_counter() - start)
+            kinds[key].rpcs += etcd.metrics.rpcs() - before
+            kinds[key].calls += block
+
+
+def _burst(app: Celery, kind: Kind, calls: int, first: int, timeout: float) -> None:
+    task = app.tasks[f"bench.{kind.key}"]
+    start = time.perf_counter()
+    results = [task.delay(first + n) for n in range(calls)]
+    for result in results:
+        result.get(timeout=timeout)
+    kind.burst = (calls, time.perf_counter() - start)
+
+
+def _worker_timings(path: Path, kinds: dict[str, Kind], skip: Counter[str]) -> None:
+    """Attach the worker's prerun -> postrun times of the sequential calls: per task, the first ``skip[task]``
+    were warm-up calls, the next ``calls`` the sequential ones (one at a time, so in order), the rest the burst."""
+    seen: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        key = str(entry["task"]).removeprefix("bench.")
+        seen[key] += 1
+        if key in kinds and skip[key] < seen[key] <= skip[key] + kinds[key].calls:
+            kinds[key].in_worker.append(float(entry["seconds"]))
+
+
+# --- report -----------------------------------------------------------------------------------------------
+
+
+def render(
+    *, command: str, started: dt.datetime, elapsed: float, load: float, machine: list[str], kinds: dict[str, Kind]
+) -> str:
+    plain = kinds["plain"]
+    lines = [
+        MARKERS[0],
+        "## Celery: `SingletonTask` over a plain task, same worker",
+        "",
+        f"`{command}`, {started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s in all.",
+        "",
+        *machine,
+        f"- celery {importlib.metadata.version('celery')}, kombu {importlib.metadata.version('kombu')}, "
+        f"redis-py {importlib.metadata.version('redis')}; Redis as broker and result backend "
+        "(`distlock.testing.RedisServer`, loopback, no persistence)",
+        f"- One worker: prefork, 2 processes, prefetch 1; lock TTL {TTL:g} s",
+        f"- Load average (1 min) when the run started: {load:.1f} (other work on the machine adds noise)",
+        "",
+        "Task bodies are empty and every call has its own lock name, so nothing waits for a lock: the difference to",
+        "the plain task is what taking and releasing the lock costs. *Round trip*: `task.delay(i).get()`, one call",
+        "at a time from the benchmark process (blocks of calls, the tasks taking turns). *In the worker*: Celery's",
+        "`task_prerun` to `task_postrun` in the worker process (lock, body, result stored, lock released). *RPCs*:",
+        "gRPC messages etcd received per call, from both sides (the enqueue mode's sender and its handover polls",
+        "included). *Burst*: calls sent at once, tasks per second until the last result is in.",
+        "",
+        "| Task | calls | round trip p50 ms | p99 ms | in the worker p50 ms | p99 ms | etcd RPCs / task "
+        "| RPCs by method / task | burst tasks/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        *(kind.row() for kind in kinds.values()),
+        "",
+        "### Overhead over the plain task",
+        "",
+    ]
+    for key in ("run", "enqueue"):
+        kind = kinds[key]
+        trip = _percentile(sorted(kind.round_trips), 50) - _percentile(sorted(plain.round_trips), 50)
+        work = _percentile(sorted(kind.in_worker), 50) - _percentile(sorted(plain.in_worker), 50)
+        rate = "n/a"
+        if kind.burst and plain.burst:
+            rate = _ratio(kind.burst[0] / kind.burst[1], plain.burst[0] / plain.burst[1])
+        lines.append(
+            f"- {KINDS[key]}: +{_ms(trip)} ms per round trip (median), +{_ms(work)} ms in the worker (median); "
+            f"burst throughput {rate} of the plain task's"
+        )
+    lines += [
+        "",
+        "The enqueue mode pays for its reservation in the sender (a read to look for a duplicate, a `Txn` to take",
+        "it) and for the handover: the worker signals with a second lock and waits until the sender's poll (5 ms",
+        "after sending, then after 5 % of the reservation's age) sees it and releases the reservation. In a burst",
+        "the tasks wait in the queue, their reservations age, and each handover waits longer.",
+        MARKERS[1],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser("python -m benchmarks.celery_overhead", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=300, help="sequential calls per task (default 300)")
+    parser.add_argument("--block", type=int, default=25, help="calls per block (default 25)")
+    parser.add_argument("--warmup", type=int, default=20, help="warm-up calls per task (default 20)")
+    parser.add_argument("--burst", type=int, default=300, help="calls per burst (default 300)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="longest wait for one result, s (default 60)")
+    parser.add_argument("--out", type=Path, default=Path("docs/BENCHMARKS.md"), help="file to update")
+    parser.add_argument("--etcd-url", help="use this etcd (etcd://HOST:PORT) instead of starting one")
+    parser.add_argument("--metrics-url", help="its Prometheus metrics (default http://HOST:PORT/metrics)")
+    parser.add_argument("--redis-url", help="use this Redis (redis://HOST:PORT) as broker and result backend")
+    args = parser.parse_args(argv)
+    if min(args.rounds, args.block, args.burst) < 1 or args.warmup < 0:
+        parser.error("--rounds, --block and --burst must be positive, --warmup not negative")
+    return args
+
+
+@contextmanager
+def _redis(url: str | None) -> Iterator[str]:
+    """``redis://HOST:PORT`` of the broker: ``--redis-url`` (its database number dropped) or a new server."""
+    if url:
+        parts = urllib.parse.urlsplit(url)
+        yield parts._replace(path="").geturl()
+        return
+    with RedisServer() as server:
+        yield server.url.rsplit("/", 1)[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--as-worker"]:
+        _worker_main(argv[1:])
+        return 0
+    args = _parse_args(argv)
+    command = shlex.join(["python", "-m", "benchmarks.celery_overhead", *argv])
+    started = dt.datetime.now(dt.UTC)
+    clock = time.monotonic()
+    load = os.getloadavg()[0]
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    kinds = {key: Kind(key) for key in KINDS}
+
+    with (
+        tempfile.TemporaryDirectory(prefix="distlock-celery-bench-") as temp,
+        _server(args) as etcd,
+        _redis(args.redis_url) as redis_base,
+    ):
+        scratch = Path(temp)
+        timings = scratch / "worker-timings.jsonl"
+        machine = _machine(etcd)
+        print("\n".join(machine), flush=True)
+        urls = (f"{redis_base}/0", f"{redis_base}/1", etcd.url, queue)
+        app = make_app(*urls)
+        with _worker(urls, timings, scratch / "worker.log", app, args.timeout):
+            warm: Counter[str] = Counter()
+            for key in kinds:
+                for n in range(args.warmup):
+                    app.tasks[f"bench.{key}"].delay(-1 - n).get(timeout=args.timeout)
+                warm[key] = args.warmup + (1 if key == "plain" else 0)  # plus the worker's readiness check
+            _sequential(app, etcd, kinds, args.rounds, args.block, args.timeout)
+            for number, kind in enumerate(kinds.values()):
+                _burst(app, kind, args.burst, 10_000_000 * (number + 1), args.timeout)
+        _worker_timings(timings, kinds, warm)
+        app.close()
+
+    for kind in kinds.values():
+        print(kind.row(), flush=True)
+    section = render(
+        command=command,
+        started=started,
+        elapsed=time.monotonic() - clock,
+        load=load,
+        machine=machine,
+        kinds=kinds,
+    )
+    write_section(args.out, section, MARKERS)
+    print(f"written to {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
