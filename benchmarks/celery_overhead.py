@@ -267,8 +267,9 @@ def render(
         "",
         "The enqueue mode pays for its reservation in the sender (a read to look for a duplicate, a `Txn` to take",
         "it) and for the handover: the worker signals with a second lock and waits until the sender's poll (5 ms",
-        "after sending, then after 5 % of the reservation's age) sees it and releases the reservation. In a burst",
-        "the tasks wait in the queue, their reservations age, and each handover waits longer.",
+        "after sending, then after 5 % of the reservation's age, at least every 100 ms) sees it and releases the",
+        "reservation. In a burst the tasks wait in the queue, their reservations age, and each worker process idles",
+        'up to 100 ms per task for its handover: `lock_on="run"` is the mode for many short tasks.',
         MARKERS[1],
     ]
     return "\n".join(lines) + "\n"

@@ -14,12 +14,12 @@ it), writes the lock name and the reservation's fencing token into the message h
 module's :class:`Reservations`. The worker that runs the message (:func:`take_over`) checks that the reservation is
 still the holder, takes a second, per-reservation *takeover* lock as a signal, and queues for the real lock behind
 the reservation. A thread in the sending process polls each reservation (after 5 ms, then after 5 % of its age, at
-most every 500 ms: a handover costs the worker about a twentieth of the time the task waited in the queue); once it
-sees a waiter behind it *and* the takeover lock held, it releases the reservation and the queue hands the lock to the
-worker. The poll is the price of a lock service without a "tell me when someone queues" primitive: a process can
-only be woken when a lock it waits for is *released*, and nothing the worker could release exists before it
-arrives. The lock is held without a gap from enqueue to the end of the run: first by the reservation, then by the
-worker, whose ticket was already next in the FIFO queue.
+least every 100 ms: a worker waits for the handover at most that long, and a reservation left in a backlog costs one
+read every 100 ms); once it sees a waiter behind it *and* the takeover lock held, it releases the reservation and the
+queue hands the lock to the worker. The poll is the price of a lock service without a "tell me when someone queues"
+primitive: a process can only be woken when a lock it waits for is *released*, and nothing the worker could release
+exists before it arrives. The lock is held without a gap from enqueue to the end of the run: first by the
+reservation, then by the worker, whose ticket was already next in the FIFO queue.
 
 Races and failures, in prose:
 
@@ -61,12 +61,13 @@ __all__ = ["RESERVATIONS", "Reservations", "take_over", "takeover_name"]
 
 log = logging.getLogger("distlock.celery")
 
-#: A reservation is polled after this share of its age: a task that waited 2 s in the queue is handed over within
-#: about 100 ms more, and a reservation costs a number of polls that grows with the log of its age, not linearly.
+#: A reservation is polled after this share of its age (within the bounds below): a task picked up at once is handed
+#: over within milliseconds, and a young reservation costs polls that grow with the log of its age, not linearly.
 POLL_SHARE = 0.05
-#: Shortest and longest interval between two polls of one reservation.
+#: Shortest and longest interval between two polls of one reservation. The longest bounds how long a worker waits
+#: for the handover (and what a backlog of old reservations costs: one request per reservation per interval).
 FIRST_POLL = 0.005
-MAX_POLL = 0.5
+MAX_POLL = 0.1
 #: Reservations polled at once (each poll is one or two requests to the lock service).
 POLLERS = 8
 #: How much longer than ``ttl`` a worker waits for a reservation to pass to it (polls, RPCs, a slow machine).
