@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Ignore
 
+import distlock
 from distlock.celery import SingletonTask, get_client
 
 QUEUE_ENV = "DISTLOCK_CELERY_TEST_QUEUE"
@@ -140,11 +142,29 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
 
     @app.task(shared=False, bind=True, base=SingletonTask, name="t.lease", unique_on=["job"], lock_ttl=TTL)
     def lease(self: SingletonTask, job: str, seconds: float) -> dict[str, Any]:
-        """Which process and which etcd lease hold this run's lock."""
+        """Which process and which etcd lease hold this run's lock, and whether fenced writes would find it."""
         holder = get_client(self.app).holder(self.lock.name)
         assert holder is not None
         time.sleep(seconds)
-        return {"pid": os.getpid(), "lease": holder.lease_id, "token": self.lock.token}
+        return {
+            "pid": os.getpid(),
+            "lease": holder.lease_id,
+            "token": self.lock.token,
+            "current_fence": distlock.current_fence(self.lock.name) == self.lock.fence,
+        }
+
+    @app.task(shared=False, bind=True, base=SingletonTask, name="t.overstay", unique_on=["job"], lock_ttl=TTL)
+    def overstay(self: SingletonTask, job: str, seconds: float) -> dict[str, Any]:
+        """Runs for ``seconds``, longer than the per-call lock_max_hold the test gives it."""
+        record("start", job=job, id=self.request.id, token=self.lock.token)
+        time.sleep(seconds)
+        return {"lost": self.lock.lost}
+
+    @app.task(shared=False, bind=True, base=SingletonTask, name="t.ignore", unique_on=["job"], lock_ttl=TTL)
+    def ignore(self: SingletonTask, job: str) -> None:
+        """Ends with Ignore, after which Celery calls no after_return: the lock must be released all the same."""
+        record("start", job=job, id=self.request.id, token=self.lock.token)
+        raise Ignore()
 
     @app.task(shared=False, bind=True, name="t.plain")
     def plain(self: Task, job: str, seconds: float) -> int:  # type: ignore[type-arg]
@@ -159,7 +179,7 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
         return "pong"
 
     # The decorators register the tasks; keep the linters from calling the names unused.
-    del work, hold, crash, crash_late, queued, retrying, lease, plain, ping
+    del work, hold, crash, crash_late, queued, retrying, lease, overstay, ignore, plain, ping
     return app
 
 

@@ -112,9 +112,17 @@ def test_a_lost_message_frees_its_reservation_after_max_queued(celery_app: Celer
         redis.Redis.from_url(redis_url).delete(nowhere)
 
 
-def test_a_crashed_enqueuer_frees_its_reservation_within_ttl(
-    celery_app: Celery, celery_urls: tuple[str, str, str, str], celery_app_path: Path, redis_url: str, lock_ttl: float
+@pytest.mark.parametrize("ending", ["sigkill", "exit"])
+def test_an_enqueuer_that_dies_or_exits_frees_its_reservation(
+    celery_app: Celery,
+    celery_urls: tuple[str, str, str, str],
+    celery_app_path: Path,
+    redis_url: str,
+    lock_ttl: float,
+    ending: str,
 ) -> None:
+    """A reservation lives on its sender's lease: a SIGKILLed sender's lapses within ttl (not lock_max_queued), a
+    sender that exits normally revokes it on the way out."""
     queued = _queued(celery_app)
     job, nowhere = uuid.uuid4().hex, f"nowhere-{uuid.uuid4().hex[:8]}"
     name = queued.singleton_key((job, 0.0))
@@ -126,19 +134,23 @@ import celeryapp
 app = celeryapp.make_app(*{list(celery_urls)!r})
 result = app.tasks["t.queued"].apply_async(({job!r}, 0.0), queue={nowhere!r}, singleton={{"lock_max_queued": 600}})
 print(result.id, flush=True)
-os.kill(os.getpid(), signal.SIGKILL)
+if {ending == "sigkill"}:
+    os.kill(os.getpid(), signal.SIGKILL)
 """
     try:
         enqueuer = subprocess.run(
             [sys.executable, "-c", script], check=False, capture_output=True, text=True, env=child_env()
         )
-        died_at = time.monotonic()
-        assert enqueuer.returncode == -signal.SIGKILL, enqueuer.stderr
+        ended_at = time.monotonic()
+        assert enqueuer.returncode == (-signal.SIGKILL if ending == "sigkill" else 0), enqueuer.stderr
         task_id = enqueuer.stdout.strip()
-        holder = client.holder(name)
-        assert holder is not None and holder.owner == f"celery-task:{task_id}"  # outlives its dead enqueuer...
-        wait_until(lambda: client.holder(name) is None, lock_ttl + 5, "the dead enqueuer's reservation to lapse")
-        assert time.monotonic() - died_at <= lock_ttl + 1.0  # ...by at most its lease, not by lock_max_queued
+        if ending == "sigkill":
+            holder = client.holder(name)
+            assert holder is not None and holder.owner == f"celery-task:{task_id}"  # outlives its dead sender...
+            wait_until(lambda: client.holder(name) is None, lock_ttl + 5, "the dead sender's reservation to lapse")
+            assert time.monotonic() - ended_at <= lock_ttl + 1.0  # ...by at most its lease
+        else:
+            assert client.holder(name) is None
         assert queued.apply_async((job, 0.0), queue=nowhere).id != task_id
     finally:
         redis.Redis.from_url(redis_url).delete(nowhere)

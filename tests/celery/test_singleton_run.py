@@ -122,6 +122,33 @@ def test_prefork_children_hold_their_locks_on_leases_of_their_own(celery_app: Ce
     a, b = first.get(timeout=30), second.get(timeout=30)
     assert a["pid"] != b["pid"] and os.getpid() not in (a["pid"], b["pid"])
     assert a["lease"] != b["lease"]
+    assert a["current_fence"] and b["current_fence"]  # the task's lock is the current one for fenced writes
+
+
+def test_a_run_past_max_hold_loses_its_lock_and_says_so(
+    celery_app: Celery, celery_events: Events, celery_worker: CeleryWorker
+) -> None:
+    overstay = celery_app.tasks["t.overstay"]
+    assert isinstance(overstay, SingletonTask)
+    job = uuid.uuid4().hex
+    name = overstay.singleton_key((job, 0.0))
+    result = overstay.apply_async((job, 2.5), singleton={"lock_max_hold": 1.0})
+    wait_until(lambda: bool(celery_events.of(job, "start")), 30, "the run to start")
+    client = get_client(celery_app)
+    wait_until(lambda: client.holder(name) is None, 5, "max_hold to release the lock while the task still runs")
+    assert result.state != "SUCCESS"
+    assert result.get(timeout=30) == {"lost": True}
+    wait_until(lambda: f"[{result.id}] did not hold its lock to the end" in celery_worker.log(), 10, "the error log")
+
+
+def test_a_task_ending_with_ignore_releases_its_lock(celery_app: Celery, celery_events: Events) -> None:
+    ignore = celery_app.tasks["t.ignore"]
+    assert isinstance(ignore, SingletonTask)
+    job = uuid.uuid4().hex
+    ignore.delay(job)
+    wait_until(lambda: bool(celery_events.of(job, "start")), 30, "the run to start")
+    client = get_client(celery_app)
+    wait_until(lambda: client.holder(ignore.singleton_key((job,))) is None, 5, "the lock to be released")
 
 
 def test_retry_keeps_the_lock_between_attempts_and_releases_it_at_the_end(
