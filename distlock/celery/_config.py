@@ -19,6 +19,7 @@ all raises ``ConfigurationError`` saying what to set; an unreachable lock servic
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -64,6 +65,8 @@ def get_client(app: Any) -> distlock.Client:
 def _django_client() -> distlock.Client | None:
     # "django.conf", not "django": kombu imports django.utils on its own whenever Django is installed.
     if "django.conf" not in sys.modules and not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        return None
+    if importlib.util.find_spec("django") is None:  # DJANGO_SETTINGS_MODULE set, Django not installed
         return None
     from django.conf import settings
 

@@ -17,8 +17,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -108,6 +110,27 @@ def celery_urls(redis_url: str, etcd_url: str) -> tuple[str, str, str, str]:
     """Broker, result backend, etcd URL and a queue of this session's own."""
     base = redis_url.rsplit("/", 1)[0]
     return f"{base}/0", f"{base}/1", etcd_url, f"distlock-tests-{uuid.uuid4().hex[:8]}"
+
+
+def _together(calls: Sequence[Callable[..., Any]]) -> list[Any]:
+    """Run ``calls`` on threads released at once by a barrier; each one's result, or the exception it raised."""
+    barrier = threading.Barrier(len(calls))
+
+    def go(call: Callable[..., Any]) -> Any:
+        barrier.wait(timeout=10)
+        try:
+            return call()
+        except Exception as e:
+            return e
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(go, calls))
+
+
+@pytest.fixture(scope="session")
+def together() -> Callable[[Sequence[Callable[..., Any]]], list[Any]]:
+    """Make calls at the same moment from many threads (see ``_together``)."""
+    return _together
 
 
 @pytest.fixture(scope="session")

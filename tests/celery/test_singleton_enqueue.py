@@ -8,10 +8,9 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,21 +28,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.usefixtures("celery_worker")
 
 
-def _enqueue_together(calls: list[Any]) -> list[Any]:
-    """Run the zero-argument ``calls`` together (a barrier); each gives its result or the exception it raised."""
-    barrier = threading.Barrier(len(calls))
-
-    def go(call: Any) -> Any:
-        barrier.wait(timeout=10)
-        try:
-            return call()
-        except DuplicateTask as e:
-            return e
-
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return list(pool.map(go, calls))
-
-
 def _queued(app: Celery) -> SingletonTask:
     task = app.tasks["t.queued"]
     assert isinstance(task, SingletonTask)
@@ -51,7 +35,7 @@ def _queued(app: Celery) -> SingletonTask:
 
 
 def test_ten_enqueues_while_one_is_queued_make_one_run_and_a_later_enqueue_is_accepted(
-    celery_app: Celery, celery_events: Events
+    celery_app: Celery, celery_events: Events, together: Callable[[Sequence[Callable[..., Any]]], list[Any]]
 ) -> None:
     queued, plain = _queued(celery_app), celery_app.tasks["t.plain"]
     job, busy = uuid.uuid4().hex, uuid.uuid4().hex
@@ -65,7 +49,7 @@ def test_ten_enqueues_while_one_is_queued_make_one_run_and_a_later_enqueue_is_ac
     calls = [
         lambda policy=policy: queued.apply_async((job, 1.0), singleton={"on_duplicate": policy}) for policy in policies
     ]
-    answers = _enqueue_together(calls)
+    answers = together(calls)
     errors = [a for a in answers if isinstance(a, DuplicateTask)]
     results = [a for a in answers if not isinstance(a, DuplicateTask)]
     ids = {r.id for r in results} | {e.task_id for e in errors}

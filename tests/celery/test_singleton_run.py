@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,20 +30,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.usefixtures("celery_worker")
 
 
-def _send_together(calls: list[Any]) -> list[Any]:
-    """Run the zero-argument ``calls`` on threads released at once by a barrier; their results, in order."""
-    barrier = threading.Barrier(len(calls))
-
-    def go(call: Any) -> Any:
-        barrier.wait(timeout=10)
-        return call()
-
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return list(pool.map(go, calls))
-
-
 def test_ten_concurrent_delays_never_overlap_and_each_duplicate_gets_its_option(
-    celery_app: Celery, celery_events: Events
+    celery_app: Celery, celery_events: Events, together: Callable[[Sequence[Callable[..., Any]]], list[Any]]
 ) -> None:
     work = celery_app.tasks["t.work"]
     assert isinstance(work, SingletonTask)
@@ -55,7 +42,7 @@ def test_ten_concurrent_delays_never_overlap_and_each_duplicate_gets_its_option(
         lambda i=i, policy=policy: work.apply_async((job, 2.0), {"caller": i}, singleton={"on_duplicate": policy})
         for i, policy in enumerate(policies)
     ]
-    results = _send_together(calls)
+    results = together(calls)
     outcomes = [r.get(timeout=60, propagate=False) for r in results]
 
     runs = {run.id: run for run in celery_events.runs(job)}
@@ -81,11 +68,13 @@ def test_ten_concurrent_delays_never_overlap_and_each_duplicate_gets_its_option(
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
 
-def test_the_overlap_check_catches_a_task_without_the_lock(celery_app: Celery, celery_events: Events) -> None:
+def test_the_overlap_check_catches_a_task_without_the_lock(
+    celery_app: Celery, celery_events: Events, together: Callable[[Sequence[Callable[..., Any]]], list[Any]]
+) -> None:
     """The same ten calls of a plain task overlap, and ``overlaps`` says so: the check above can fail."""
     plain = celery_app.tasks["t.plain"]
     job = uuid.uuid4().hex
-    results = _send_together([lambda: plain.delay(job, 0.5)] * 10)
+    results = together([lambda: plain.delay(job, 0.5)] * 10)
     for result in results:
         result.get(timeout=60)
     assert celery_events.overlaps(celery_events.runs(job))
@@ -192,6 +181,14 @@ def _start_and_kill(
     return result, victim, killed_at
 
 
+def _second_run(job: str, events: Events, victim: Run, timeout: float) -> Run:
+    """The run after the killed one, which must hold a newer token: the dead holder's key was gone first."""
+    wait_until(lambda: len(events.of(job, "start")) == 2, timeout, "a second run to start")
+    rerun = events.runs(job)[1]
+    assert rerun.token is not None and victim.token is not None and rerun.token > victim.token
+    return rerun
+
+
 def test_a_sigkilled_worker_frees_the_lock_within_ttl(
     celery_app: Celery, celery_events: Events, celery_worker: CeleryWorker, tmp_path: Path, lock_ttl: float
 ) -> None:
@@ -201,11 +198,9 @@ def test_a_sigkilled_worker_frees_the_lock_within_ttl(
     killed, victim, killed_at = _start_and_kill(crash, job, tmp_path / "started", celery_events, celery_worker)
     # A new call of the same task, willing to wait for the lock: it runs as soon as the dead lease lapses.
     again = crash.apply_async((job, str(tmp_path / "started")), singleton={"lock_timeout": 30})
-    wait_until(lambda: len(celery_events.of(job, "start")) == 2, lock_ttl + 10, "the new call to start")
-    rerun = celery_events.runs(job)[1]
+    rerun = _second_run(job, celery_events, victim, lock_ttl + 10)
     assert rerun.id == again.id
     assert rerun.start - killed_at <= lock_ttl + 2.0
-    assert rerun.token is not None and victim.token is not None and rerun.token > victim.token
     assert again.get(timeout=30) == {"token": rerun.token}
     # Without acks_late Celery does not run the killed task again: it fails with WorkerLostError, once the worker's
     # main process has noticed the death (that can take seconds; the lock did not wait for it).
@@ -219,10 +214,8 @@ def test_an_acks_late_task_redelivered_after_sigkill_runs_again_only_after_the_l
     assert isinstance(crash_late, SingletonTask)
     job = uuid.uuid4().hex
     result, victim, _ = _start_and_kill(crash_late, job, tmp_path / "started", celery_events, celery_worker)
-    wait_until(lambda: len(celery_events.of(job, "start")) == 2, lock_ttl + 30, "the redelivered task to start")
-    rerun = celery_events.runs(job)[1]
+    rerun = _second_run(job, celery_events, victim, lock_ttl + 30)
     assert rerun.id == result.id and rerun.event["first"] is False
-    assert rerun.token is not None and victim.token is not None and rerun.token > victim.token
     assert result.get(timeout=30) == {"token": rerun.token}
     assert get_client(celery_app).holder(crash_late.singleton_key((job, ""))) is None
 
