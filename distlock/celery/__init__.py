@@ -19,7 +19,8 @@ skipped, retried, refused with :class:`DuplicateTask`, or answered with the exis
 ``self.retry()`` keeps the lock for the retry. See :class:`SingletonTask` for the options, ``_task`` for the life
 cycle, ``_handover`` for how a lock passes from the sending process to the worker and the races that involves, and
 ``_config`` for settings (``app.conf.distlock_url``, or Django's ``DISTLOCK``). Django is never imported unless the
-process already uses it.
+process already uses it. ``get_client(app)`` is the client the tasks of ``app`` use (for ``holder()`` checks);
+``RESERVATIONS.held()`` lists the reservations this process still holds for tasks it sent.
 
 What can go wrong: a ``unique_on`` naming no parameter, or a bad option, raises ``ConfigurationError`` when Celery
 creates the task class; a bad per-call option raises it from ``apply_async`` before anything is sent. An

@@ -191,3 +191,12 @@ def test_without_app_conf_a_configured_django_project_supplies_the_client(etcd_u
         print("ok")
     """)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_public_names_stay_exported() -> None:
+    import distlock.celery
+
+    # (Its order is ruff's isort-style sort, checked by ruff.)
+    assert {"DuplicateTask", "RESERVATIONS", "SingletonTask", "get_client"} <= set(distlock.celery.__all__)
+    assert all(hasattr(distlock.celery, name) for name in distlock.celery.__all__)
+    assert issubclass(distlock.celery.DuplicateTask, distlock.LockNotAcquired)
