@@ -764,10 +764,10 @@ def _server(args: argparse.Namespace) -> Iterator[Etcd]:
         yield Etcd(server.url, Metrics(f"{server.metrics_url}/metrics"), description)
 
 
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser("python -m benchmarks.etcd_locks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=500, help="uncontended rounds per lock (default 500)")
-    parser.add_argument("--warmup", type=int, default=50, help="uncontended warm-up rounds (default 50)")
+def add_arguments(parser: argparse.ArgumentParser, labels: Sequence[str], *, rounds: int, warmup: int) -> None:
+    """The options every lock benchmark takes: rounds, warm-up, duration, process counts, locks, output file."""
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"uncontended rounds per lock (default {rounds})")
+    parser.add_argument("--warmup", type=int, default=warmup, help=f"uncontended warm-up rounds (default {warmup})")
     parser.add_argument("--duration", type=float, default=10.0, help="contention run length, s (default 10)")
     parser.add_argument(
         "--processes",
@@ -778,19 +778,68 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--locks",
         type=lambda s: s.split(","),
-        default=list(LABELS),
-        help=f"comma-separated subset of {','.join(LABELS)} (default all)",
+        default=list(labels),
+        help=f"comma-separated subset of {','.join(labels)} (default all)",
     )
     parser.add_argument("--out", type=Path, default=Path("docs/BENCHMARKS.md"), help="file to update")
-    parser.add_argument("--etcd-url", help="use this etcd (etcd://HOST:PORT) instead of starting one")
-    parser.add_argument("--metrics-url", help="its Prometheus metrics (default http://HOST:PORT/metrics)")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str], labels: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv`` and check what :func:`add_arguments` added."""
     args = parser.parse_args(argv)
-    unknown = set(args.locks) - set(LABELS)
+    unknown = set(args.locks) - set(labels)
     if unknown:
-        parser.error(f"unknown lock(s) {', '.join(sorted(unknown))}; choose from {', '.join(LABELS)}")
+        parser.error(f"unknown lock(s) {', '.join(sorted(unknown))}; choose from {', '.join(labels)}")
     if args.rounds < 1 or args.duration <= 0 or not all(n > 0 for n in args.processes):
         parser.error("--rounds, --duration and --processes must be positive")
     return args
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser("python -m benchmarks.etcd_locks", description=__doc__.split("\n\n")[0])
+    add_arguments(parser, list(LABELS), rounds=500, warmup=50)
+    parser.add_argument("--etcd-url", help="use this etcd (etcd://HOST:PORT) instead of starting one")
+    parser.add_argument("--metrics-url", help="its Prometheus metrics (default http://HOST:PORT/metrics)")
+    return parse_arguments(parser, argv, list(LABELS))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one benchmark measures: its locks (by label), which of them contend, the jobs that run them, and how
+    a result becomes a table row."""
+
+    labels: dict[str, str]
+    contenders: Sequence[str]
+    latency_job: type[LatencyJob] = LatencyJob
+    contention_job: type[ContentionJob] = ContentionJob
+    uncontended_row: Callable[[Uncontended], str] = Uncontended.row
+    contended_row: Callable[[Contended], str] = Contended.row
+
+
+def measure(
+    ctx: SpawnContext, server: Etcd, args: argparse.Namespace, run_id: str, plan: Plan
+) -> tuple[list[Uncontended], list[Contended], list[str]]:
+    """The uncontended latencies of every chosen lock, then each contender at each process count; errors too."""
+    contended: list[Contended] = []
+    errors: list[str] = []
+    locks = [lock for lock in plan.labels if lock in args.locks]
+    latency = plan.latency_job(locks, server.url, f"bench-{run_id}", args.rounds, args.warmup, server.metrics)
+    outcome = _run(ctx, server, [latency], window=None, limit=GRACE + len(locks) * args.rounds * 0.05)
+    uncontended = [Uncontended(result) for result in outcome.results if not result.error]
+    errors += [f"uncontended: {e}" for e in outcome.errors]
+    print("\n".join(plan.uncontended_row(u) for u in uncontended), flush=True)
+    for processes in args.processes:
+        for lock in (lock for lock in plan.contenders if lock in args.locks):
+            counter, owner = ctx.RawValue("q", 0), ctx.RawValue("q", 0)
+            name = f"bench-{run_id}-contended-{lock}-{processes}"
+            timeout = args.duration + GRACE / 2
+            job = plan.contention_job(lock, server.url, name, args.duration, timeout, counter, owner)
+            jobs: list[Job[Any]] = [job] * processes
+            outcome = _run(ctx, server, jobs, window=args.duration, limit=args.duration + GRACE)
+            contended.append(Contended(lock, processes, args.duration, counter.value, outcome))
+            errors += [f"{plan.labels[lock]}, {processes} processes: {e}" for e in outcome.errors]
+            print(plan.contended_row(contended[-1]), flush=True)
+    return uncontended, contended, errors
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -802,30 +851,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()[0]  # before our own processes add to it
     ctx = multiprocessing.get_context("spawn")
     run_id = uuid.uuid4().hex[:8]
-    contended: list[Contended] = []
-    errors: list[str] = []
 
     with _server(args) as etcd:
         machine = _machine(etcd)
         print("\n".join(machine), flush=True)
         etcd.revoke_leases()
-        locks = [lock for lock in LABELS if lock in args.locks]
-        latency = LatencyJob(locks, etcd.url, f"bench-{run_id}", args.rounds, args.warmup, etcd.metrics)
-        outcome = _run(ctx, etcd, [latency], window=None, limit=GRACE + len(locks) * args.rounds * 0.05)
-        uncontended = [Uncontended(result) for result in outcome.results if not result.error]
-        errors += [f"uncontended: {e}" for e in outcome.errors]
-        print("\n".join(u.row() for u in uncontended), flush=True)
-        for processes in args.processes:
-            for lock in (lock for lock in CONTENDERS if lock in args.locks):
-                counter, owner = ctx.RawValue("q", 0), ctx.RawValue("q", 0)
-                name = f"bench-{run_id}-contended-{lock}-{processes}"
-                timeout = args.duration + GRACE / 2
-                job = ContentionJob(lock, etcd.url, name, args.duration, timeout, counter, owner)
-                jobs: list[Job[Any]] = [job] * processes
-                outcome = _run(ctx, etcd, jobs, window=args.duration, limit=args.duration + GRACE)
-                contended.append(Contended(lock, processes, args.duration, counter.value, outcome))
-                errors += [f"{LABELS[lock]}, {processes} processes: {e}" for e in outcome.errors]
-                print(contended[-1].row(), flush=True)
+        uncontended, contended, errors = measure(ctx, etcd, args, run_id, Plan(LABELS, CONTENDERS))
 
     section = render(
         command=command,

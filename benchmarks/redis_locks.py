@@ -32,7 +32,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -45,10 +44,11 @@ from benchmarks.etcd_locks import (
     BlockingSession,
     Contended,
     ContentionJob,
+    DistlockSession,
     Etcd,
-    Job,
     LatencyJob,
     Metrics,
+    Plan,
     Session,
     Sessions,
     Uncontended,
@@ -59,7 +59,9 @@ from benchmarks.etcd_locks import (
     _per,
     _percentile,
     _ratio,
-    _run,
+    add_arguments,
+    measure,
+    parse_arguments,
     write_section,
 )
 from distlock.testing import RedisServer
@@ -81,49 +83,30 @@ _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL
 # --- the four locks, each used the way an application would ------------------------------------------------
 
 
-class DistlockSession:
-    def __init__(self, url: str, name: str) -> None:
-        self._client = distlock.connect(url)
-        self._name = name
-        self._held: distlock.Lock | None = None
-
-    def cycle(self) -> None:
-        with self._client.lock(self._name, ttl=TTL):
-            pass
-
-    def acquire(self, timeout: float) -> bool:
-        lock = self._client.lock(self._name, ttl=TTL)
-        if not lock.acquire(timeout=timeout):
-            return False
-        self._held = lock
-        return True
-
-    def release(self) -> None:
-        assert self._held is not None
-        self._held.release()
-        self._held = None
-
-    def close(self) -> None:
-        self._client.close()
-
-
-class RedisPySession:
-    """redis-py's ``Lock``: ``SET NX PX``; a waiter polls every 0.1 s (its default ``sleep``)."""
+class _ClientSession:
+    """A redis-py client and a Redis lock library, used the way an application uses it (one lock per attempt)."""
 
     def __init__(self, url: str, name: str) -> None:
         self._client = redis.Redis.from_url(url)
         self._name = name
         self._held: Any = None
 
+    def _lock(self) -> Any:
+        raise NotImplementedError
+
+    def _acquire(self, lock: Any, timeout: float | None) -> bool:
+        """``lock.acquire`` waiting at most ``timeout`` s (None: as long as it takes)."""
+        raise NotImplementedError
+
     def cycle(self) -> None:
-        lock = self._client.lock(self._name, timeout=TTL)
-        if not lock.acquire():
-            raise RuntimeError("redis-py Lock.acquire() failed without contention")
+        lock = self._lock()
+        if not self._acquire(lock, None):
+            raise RuntimeError(f"{type(self).__name__}: acquire() failed without contention")
         lock.release()
 
     def acquire(self, timeout: float) -> bool:
-        lock = self._client.lock(self._name, timeout=TTL, blocking_timeout=timeout)
-        if not lock.acquire():
+        lock = self._lock()
+        if not self._acquire(lock, timeout):
             return False
         self._held = lock
         return True
@@ -136,34 +119,24 @@ class RedisPySession:
         self._client.close()
 
 
-class PythonRedisLockSession:
+class RedisPySession(_ClientSession):
+    """redis-py's ``Lock``: ``SET NX PX``; a waiter polls every 0.1 s (its default ``sleep``)."""
+
+    def _lock(self) -> Any:
+        return self._client.lock(self._name, timeout=TTL)
+
+    def _acquire(self, lock: Any, timeout: float | None) -> bool:
+        return bool(lock.acquire(blocking_timeout=timeout))
+
+
+class PythonRedisLockSession(_ClientSession):
     """python-redis-lock: ``SET NX EX``; waiters ``BLPOP`` one signal list that each release pushes once."""
 
-    def __init__(self, url: str, name: str) -> None:
-        self._client = redis.Redis.from_url(url)
-        self._name = name
-        self._held: redis_lock.Lock | None = None
+    def _lock(self) -> Any:
+        return redis_lock.Lock(self._client, self._name, expire=TTL)
 
-    def cycle(self) -> None:
-        lock = redis_lock.Lock(self._client, self._name, expire=TTL)
-        if not lock.acquire():
-            raise RuntimeError("python-redis-lock acquire() failed without contention")
-        lock.release()
-
-    def acquire(self, timeout: float) -> bool:
-        lock = redis_lock.Lock(self._client, self._name, expire=TTL)
-        if not lock.acquire(timeout=timeout):
-            return False
-        self._held = lock
-        return True
-
-    def release(self) -> None:
-        assert self._held is not None
-        self._held.release()
-        self._held = None
-
-    def close(self) -> None:
-        self._client.close()
+    def _acquire(self, lock: Any, timeout: float | None) -> bool:
+        return bool(lock.acquire(timeout=timeout))
 
 
 class RawSession:
@@ -447,30 +420,12 @@ def _server(args: argparse.Namespace, run_id: str) -> Iterator[RedisUnderTest]:
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser("python -m benchmarks.redis_locks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1000, help="uncontended rounds per lock (default 1000)")
-    parser.add_argument("--warmup", type=int, default=100, help="uncontended warm-up rounds (default 100)")
-    parser.add_argument("--duration", type=float, default=10.0, help="contention run length, s (default 10)")
-    parser.add_argument(
-        "--processes",
-        type=lambda s: [int(n) for n in s.split(",")],
-        default=[8, 32],
-        help="comma-separated process counts for contention (default 8,32)",
-    )
-    parser.add_argument(
-        "--locks",
-        type=lambda s: s.split(","),
-        default=list(LABELS),
-        help=f"comma-separated subset of {','.join(LABELS)} (default all)",
-    )
-    parser.add_argument("--out", type=Path, default=Path("docs/BENCHMARKS.md"), help="file to update")
+    add_arguments(parser, list(LABELS), rounds=1000, warmup=100)
     parser.add_argument("--redis-url", help="use this Redis (redis://HOST:PORT/DB) instead of starting one")
-    args = parser.parse_args(argv)
-    unknown = set(args.locks) - set(LABELS)
-    if unknown:
-        parser.error(f"unknown lock(s) {', '.join(sorted(unknown))}; choose from {', '.join(LABELS)}")
-    if args.rounds < 1 or args.duration <= 0 or not all(n > 0 for n in args.processes):
-        parser.error("--rounds, --duration and --processes must be positive")
-    return args
+    return parse_arguments(parser, argv, list(LABELS))
+
+
+PLAN = Plan(LABELS, CONTENDERS, RedisLatencyJob, RedisContentionJob, _uncontended_row, _contended_row)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -480,31 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     clock = time.monotonic()
     load = os.getloadavg()[0]  # before our own processes add to it
-    ctx = multiprocessing.get_context("spawn")
     run_id = uuid.uuid4().hex[:8]
-    contended: list[Contended] = []
-    errors: list[str] = []
 
     with _server(args, run_id) as server:
         machine = _machine_lines(server)
         print("\n".join(machine), flush=True)
-        locks = [lock for lock in LABELS if lock in args.locks]
-        latency = RedisLatencyJob(locks, server.url, f"bench-{run_id}", args.rounds, args.warmup, server.metrics)
-        outcome = _run(ctx, server, [latency], window=None, limit=GRACE + len(locks) * args.rounds * 0.05)
-        uncontended = [Uncontended(result) for result in outcome.results if not result.error]
-        errors += [f"uncontended: {e}" for e in outcome.errors]
-        print("\n".join(_uncontended_row(u) for u in uncontended), flush=True)
-        for processes in args.processes:
-            for lock in (lock for lock in CONTENDERS if lock in args.locks):
-                counter, owner = ctx.RawValue("q", 0), ctx.RawValue("q", 0)
-                name = f"bench-{run_id}-contended-{lock}-{processes}"
-                timeout = args.duration + GRACE / 2
-                job = RedisContentionJob(lock, server.url, name, args.duration, timeout, counter, owner)
-                jobs: list[Job[Any]] = [job] * processes
-                outcome = _run(ctx, server, jobs, window=args.duration, limit=args.duration + GRACE)
-                contended.append(Contended(lock, processes, args.duration, counter.value, outcome))
-                errors += [f"{LABELS[lock]}, {processes} processes: {e}" for e in outcome.errors]
-                print(_contended_row(contended[-1]), flush=True)
+        uncontended, contended, errors = measure(multiprocessing.get_context("spawn"), server, args, run_id, PLAN)
 
     section = render(
         command=command,

@@ -3,12 +3,14 @@ one interface over a private etcd or Redis server for the backend-neutral tests.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -98,6 +100,33 @@ def waiters(client: distlock.Client, name: str) -> int:
     """Keys queued behind the holder of ``name`` (-1 when nobody holds it)."""
     holder = client.holder(name)
     return -1 if holder is None else holder.waiters
+
+
+def queue_and_record(client: distlock.Client, name: str, count: int) -> list[int]:
+    """Hold ``name``, queue ``count`` waiters one after another, release; return the order they got the lock."""
+    holder = client.lock(name, ttl=10)
+    assert holder.acquire()
+    order: list[int] = []
+    threads = []
+    for i in range(count):
+
+        def wait(i: int = i) -> None:
+            with client.lock(name, ttl=10, timeout=60):
+                order.append(i)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        threads.append(thread)
+        wait_until(functools.partial(queued, client, name, i + 1), 10, f"waiter {i} to queue")
+    holder.release()
+    for thread in threads:
+        thread.join(60)
+    return order
+
+
+def queued(client: distlock.Client, name: str, count: int) -> bool:
+    """Whether exactly ``count`` waiters are queued behind the holder of ``name``."""
+    return waiters(client, name) == count
 
 
 # Redis commands that are not lock traffic: the counting itself, and connection set-up.

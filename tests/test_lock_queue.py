@@ -8,13 +8,9 @@ import multiprocessing
 import threading
 from pathlib import Path
 
-from _support import LockServer, wait_until, waiters
+from _support import LockServer, queue_and_record, queued, wait_until
 
 import distlock
-
-
-def _queued(client: distlock.Client, name: str, count: int) -> bool:
-    return waiters(client, name) == count
 
 
 def _hold_once(client: distlock.Client, name: str) -> None:
@@ -22,30 +18,8 @@ def _hold_once(client: distlock.Client, name: str) -> None:
         pass
 
 
-def _queue_and_record(client: distlock.Client, name: str, count: int) -> tuple[distlock.Lock, list[int]]:
-    """Hold ``name``, queue ``count`` waiters one after another, release; return the order they got the lock."""
-    holder = client.lock(name, ttl=10)
-    assert holder.acquire()
-    order: list[int] = []
-    threads = []
-    for i in range(count):
-
-        def wait(i: int = i) -> None:
-            with client.lock(name, ttl=10, timeout=60):
-                order.append(i)
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        threads.append(thread)
-        wait_until(functools.partial(_queued, client, name, i + 1), 10, f"waiter {i} to queue")
-    holder.release()
-    for thread in threads:
-        thread.join(60)
-    return holder, order
-
-
 def test_waiters_acquire_in_arrival_order(client: distlock.Client, lock_name: str) -> None:
-    _, order = _queue_and_record(client, lock_name, 8)
+    order = queue_and_record(client, lock_name, 8)
     assert order == list(range(8))
 
 
@@ -67,7 +41,7 @@ def test_a_release_wakes_only_the_next_waiter(lock_server: LockServer, lock_name
                 thread = threading.Thread(target=_hold_once, args=(client, name))
                 thread.start()
                 threads.append(thread)
-                wait_until(functools.partial(_queued, client, name, i + 1), 10, f"waiter {i} to queue")
+                wait_until(functools.partial(queued, client, name, i + 1), 10, f"waiter {i} to queue")
             before = lock_server.requests()
             holder.release()
             for thread in threads:

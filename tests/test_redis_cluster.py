@@ -3,14 +3,12 @@ FIFO order hold, and a lock whose holder's lease (in another slot, often on anot
 
 from __future__ import annotations
 
-import functools
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
-from _support import wait_until, waiters
+from _support import queue_and_record
 
 import distlock
 from distlock.testing import RedisServer
@@ -75,30 +73,9 @@ def test_the_lock_contract_holds_on_a_cluster(cluster_url: str) -> None:
             assert client.holder(name) is None
 
 
-def _queued(client: distlock.Client, name: str, count: int) -> bool:
-    return waiters(client, name) == count
-
-
 def test_waiters_acquire_in_arrival_order_on_a_cluster(cluster_url: str, lock_name: str) -> None:
     with distlock.connect(cluster_url) as client:
-        holder = client.lock(lock_name, ttl=10)
-        assert holder.acquire()
-        order: list[int] = []
-        threads = []
-        for i in range(4):
-
-            def wait(i: int = i) -> None:
-                with client.lock(lock_name, ttl=10, timeout=30):
-                    order.append(i)
-
-            thread = threading.Thread(target=wait)
-            thread.start()
-            threads.append(thread)
-            wait_until(functools.partial(_queued, client, lock_name, i + 1), 10, f"waiter {i} to queue")
-        holder.release()
-        for thread in threads:
-            thread.join(30)
-        assert order == [0, 1, 2, 3]
+        assert queue_and_record(client, lock_name, 4) == [0, 1, 2, 3]
 
 
 def test_a_lock_whose_holders_lease_is_gone_is_free_on_a_cluster(

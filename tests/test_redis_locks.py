@@ -10,10 +10,25 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from _support import wait_until, waiters
+from _support import Worker, wait_until, waiters
 
 import distlock
 from distlock.testing import RedisServer
+
+
+def _queue(observer: distlock.Client, waiter: distlock.Lock, waiting: int) -> tuple[threading.Thread, list[float]]:
+    """Start ``waiter.acquire()`` on a thread; return it once ``waiting`` waiters are queued, with the list that
+    gets the ``time.monotonic()`` of the acquisition (it stays empty if the waiter gives up after 30 s)."""
+    got: list[float] = []
+
+    def wait() -> None:
+        if waiter.acquire(timeout=30):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: waiters(observer, waiter.name) == waiting, 10, f"{waiting} waiter(s) to queue")
+    return thread, got
 
 
 def _tokens(url: str, name: str, holders: int) -> list[int]:
@@ -61,14 +76,11 @@ def test_only_the_token_counter_outlives_the_locks(redis_server: RedisServer, lo
     with distlock.connect(redis_server.url) as client:
         holder = client.lock(lock_name, ttl=5)
         assert holder.acquire()
-        got: list[bool] = []
         waiter = client.lock(lock_name, ttl=5)
-        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=10)))
-        thread.start()
-        wait_until(lambda: waiters(client, lock_name) == 1, 5, "the waiter to queue")
+        thread, got = _queue(client, waiter, 1)
         holder.release()
         thread.join(10)
-        assert got == [True]
+        assert got
         waiter.release()
     with redis_server.client() as admin:
         keys = sorted(admin.keys("*"))
@@ -82,24 +94,29 @@ def test_a_waiter_blocks_instead_of_polling(redis_server: RedisServer, lock_name
     with distlock.connect(redis_server.url) as holder_client, distlock.connect(redis_server.url) as waiter_client:
         holder = holder_client.lock(lock_name, ttl=30)
         assert holder.acquire()
-        got: list[bool] = []
         waiter = waiter_client.lock(lock_name, ttl=30)
-        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=30)))
-        thread.start()
-        wait_until(lambda: waiters(holder_client, lock_name) == 1, 5, "the waiter to queue")
+        thread, got = _queue(holder_client, waiter, 1)
         with redis_server.client() as admin:
             before = sum(v["calls"] for k, v in admin.info("commandstats").items() if k != "cmdstat_info")
             time.sleep(2)
             during = sum(v["calls"] for k, v in admin.info("commandstats").items() if k != "cmdstat_info") - before
         holder.release()
         thread.join(10)
-        assert got == [True]
+        assert got
         waiter.release()
     assert during <= 3, f"{during} commands while one waiter waited 2 s"
 
 
 def _lease_key(lease_id: int) -> str:
     return f"distlock:lease:{lease_id:x}"
+
+
+def _delete_leases(server: RedisServer, keep: int | None = None) -> None:
+    """Delete lease keys behind their clients' backs (as an operator, or a clock jump on the server, would)."""
+    with server.client() as admin:
+        for key in admin.keys("distlock:lease:*"):
+            if keep is None or key != _lease_key(keep).encode():
+                admin.delete(key)
 
 
 def test_a_waiter_whose_lease_key_vanishes_requeues_instead_of_holding_without_a_lease(
@@ -111,19 +128,13 @@ def test_a_waiter_whose_lease_key_vanishes_requeues_instead_of_holding_without_a
         held = holder_client.holder(lock_name)
         assert held is not None
         waiter = waiter_client.lock(lock_name, ttl=30)
-        got: list[bool] = []
-        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
-        thread.start()
-        wait_until(lambda: waiters(holder_client, lock_name) == 1, 5, "the waiter to queue")
-        # Delete every lease but the holder's behind the waiter's back (an operator, a clock jump on the server):
-        # the waiter's own deadline is 30 s away, so only the scripts' lease check can tell.
-        with redis_server.client() as admin:
-            for key in admin.keys("distlock:lease:*"):
-                if key != _lease_key(held.lease_id).encode():
-                    admin.delete(key)
+        thread, got = _queue(holder_client, waiter, 1)
+        # Every lease but the holder's goes: the waiter's own deadline is 30 s away, so only the scripts' lease
+        # check can tell.
+        _delete_leases(redis_server, keep=held.lease_id)
         holder.release()
         thread.join(20)
-        assert got == [True]
+        assert got
         now = waiter_client.holder(lock_name)
         assert now is not None and now.token == waiter.token, "the waiter holds the lock on a lease that is gone"
         with redis_server.client() as admin:
@@ -138,9 +149,7 @@ def test_a_holder_whose_lease_key_vanishes_frees_the_lock_and_learns_it(
     with distlock.connect(redis_server.url) as first, distlock.connect(redis_server.url) as second:
         lock = first.lock(lock_name, ttl=30)
         assert lock.acquire()
-        with redis_server.client() as admin:
-            for key in admin.keys("distlock:lease:*"):
-                admin.delete(key)
+        _delete_leases(redis_server)
         other = second.lock(lock_name, ttl=30)
         assert other.acquire(timeout=5), "a lock whose holder's lease is gone must count as free"
         assert other.token > lock.token
@@ -153,8 +162,6 @@ def test_a_holder_whose_lease_key_vanishes_frees_the_lock_and_learns_it(
 
 
 def test_a_sigkilled_waiter_in_the_middle_of_the_queue_is_skipped(redis_server: RedisServer, lock_name: str) -> None:
-    from _support import Worker
-
     ttl = 2
     worker = Worker(redis_server.url)
     try:
@@ -164,15 +171,7 @@ def test_a_sigkilled_waiter_in_the_middle_of_the_queue_is_skipped(redis_server: 
             worker.send(op="acquire", name=lock_name, ttl=ttl, timeout=60)
             wait_until(lambda: waiters(client, lock_name) == 1, 10, "the worker to queue")
             behind = client.lock(lock_name, ttl=ttl)
-            got: list[float] = []
-
-            def wait() -> None:
-                if behind.acquire(timeout=30):
-                    got.append(time.monotonic())
-
-            thread = threading.Thread(target=wait)
-            thread.start()
-            wait_until(lambda: waiters(client, lock_name) == 2, 10, "a waiter to queue behind the worker")
+            thread, got = _queue(client, behind, 2)
             worker.kill()
             killed = time.monotonic()
             holder.release()
