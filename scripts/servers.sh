@@ -1,10 +1,12 @@
 # Sourced by scripts/test.sh before pytest (also runnable as `bash scripts/servers.sh`): make sure the Redis and
-# PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here.
-# Missing ones are installed with apt-get when we are root (Debian packages redis-server and postgresql);
-# otherwise it prints what to install and fails. Their Debian postinst scripts would start system-wide services:
+# PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here, and
+# the headless browser of the lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium).
+# Missing ones are installed with apt-get when we are root (Debian packages redis-server, postgresql, chromium,
+# chromium-driver); otherwise it prints what to install and fails. Their Debian postinst scripts would start services:
 # a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run starts its own).
 # $DISTLOCK_REDIS_BIN (a redis-server binary) and $DISTLOCK_PG_BIN (a directory with postgres and initdb) count as
-# present, as does a PostgreSQL in /usr/lib/postgresql/*/bin or pg_ctl on $PATH.
+# present, as does a PostgreSQL in /usr/lib/postgresql/*/bin or pg_ctl on $PATH; so do $DISTLOCK_CHROMIUM_BIN and
+# $DISTLOCK_CHROMEDRIVER_BIN (default /usr/bin/chromium and /usr/bin/chromedriver).
 
 distlock_have_redis() {
   if [ -n "${DISTLOCK_REDIS_BIN:-}" ]; then [ -x "$DISTLOCK_REDIS_BIN" ]; else command -v redis-server >/dev/null; fi
@@ -18,18 +20,24 @@ distlock_have_postgres() {
   fi
 }
 
+distlock_have_chromium() {
+  [ -x "${DISTLOCK_CHROMIUM_BIN:-/usr/bin/chromium}" ] && [ -x "${DISTLOCK_CHROMEDRIVER_BIN:-/usr/bin/chromedriver}" ]
+}
+
 distlock_ensure_servers() {
   local missing=()
   distlock_have_redis || missing+=(redis-server)
   distlock_have_postgres || missing+=(postgresql)
+  distlock_have_chromium || missing+=(chromium chromium-driver)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "the tests need real Redis and PostgreSQL servers; missing: ${missing[*]}." >&2
+    echo "the tests need real Redis and PostgreSQL servers and a headless Chromium; missing: ${missing[*]}." >&2
     echo "Install the Debian/Ubuntu packages (sudo apt-get install ${missing[*]}), or point \$DISTLOCK_REDIS_BIN at a" >&2
-    echo "redis-server binary and \$DISTLOCK_PG_BIN at a PostgreSQL bin directory." >&2
+    echo "redis-server binary, \$DISTLOCK_PG_BIN at a PostgreSQL bin directory, \$DISTLOCK_CHROMIUM_BIN and" >&2
+    echo "\$DISTLOCK_CHROMEDRIVER_BIN at chromium and chromedriver." >&2
     return 1
   fi
-  echo "installing ${missing[*]} with apt-get (for the test fixtures' throwaway servers) ..." >&2
+  echo "installing ${missing[*]} with apt-get (for the test fixtures' throwaway servers and browser) ..." >&2
   local policy=/usr/sbin/policy-rc.d created_policy=""
   if [ ! -e "$policy" ]; then
     # Exit code 101 = "action forbidden": the packages' postinst must not start system-wide services.
@@ -46,8 +54,8 @@ distlock_ensure_servers() {
     echo "apt-get could not install ${missing[*]} (exit $status)" >&2
     return 1
   fi
-  if ! distlock_have_redis || ! distlock_have_postgres; then
-    echo "installed ${missing[*]}, but the servers are still not found: check \$DISTLOCK_REDIS_BIN and \$DISTLOCK_PG_BIN" >&2
+  if ! distlock_have_redis || ! distlock_have_postgres || ! distlock_have_chromium; then
+    echo "installed ${missing[*]}, but some are still not found: check the \$DISTLOCK_*_BIN variables" >&2
     return 1
   fi
 }

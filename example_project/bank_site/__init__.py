@@ -1,0 +1,5 @@
+"""The example bank's Django project. Importing it loads the Celery app, so ``@shared_task`` tasks bind to it."""
+
+from .celery import app as celery_app
+
+__all__ = ["celery_app"]
