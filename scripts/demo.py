@@ -93,17 +93,21 @@ class Processes:
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop_all(self) -> None:
-        """SIGTERM every process group (SIGCONT too, for a frozen one), then SIGKILL what is left after 5 s."""
+    def stop_all(self, grace: float = 1.0) -> None:
+        """SIGTERM each process (SIGCONT too, for a frozen one); SIGKILL each process group after ``grace`` seconds.
+
+        The grace is short on purpose: by the time the demo stops, nothing of value runs any more, and a Celery
+        worker on a polled broker (the filesystem transport) only notices a warm shutdown after several seconds.
+        """
         for _, process in reversed(self._started):
-            _signal_group(process, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
             _signal_group(process, signal.SIGCONT)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + grace
         for _, process in reversed(self._started):
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(max(0.1, deadline - time.monotonic()))
-            # The group too: a prefork worker's children outlive their parent for a moment.
-            _signal_group(process, signal.SIGKILL)
+                process.wait(max(0.01, deadline - time.monotonic()))
+            _signal_group(process, signal.SIGKILL)  # the group: a prefork worker's children, too
             process.wait()
         self._started.clear()
 
@@ -113,8 +117,12 @@ def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
+class Terminated(Exception):
+    """SIGTERM: unwinds through the cleanup like Ctrl-C's KeyboardInterrupt does."""
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the cleanup, like Ctrl-C does
+    raise Terminated()
 
 
 # -- HTTP -------------------------------------------------------------------------------------------------------
@@ -302,14 +310,14 @@ class Settings:
 OPENING_BALANCE = 100_000
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
 
 
-def _with_prefix(url: str, prefix: str) -> str:
+def with_prefix(url: str, prefix: str) -> str:
     """``url`` with ``?prefix=`` added unless it has one: the demo's locks never mix with others on a shared etcd."""
     parts = urlsplit(url)
     if any(key == "prefix" for key, _ in parse_qsl(parts.query)):
@@ -345,16 +353,70 @@ def lock_service(url: str | None) -> Iterator[tuple[str, str]]:
         server.close()
 
 
-def _wait_for_worker(processes: Processes, worker: subprocess.Popen[bytes], deadline: float) -> None:
+@dataclass
+class Site:
+    """The example project running: the environment its processes share, and the site's port."""
+
+    processes: Processes
+    env: dict[str, str]
+    port: int
+    run_id: str
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+def example_env(data_dir: Path, lock_url: str, run_id: str) -> dict[str, str]:
+    """The environment of the example project's processes (see ``example_project/bank_site/settings.py``)."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "BANK_DATA_DIR": str(data_dir),
+            "DISTLOCK_URL": lock_url,
+            "BANK_RUN_ID": run_id,
+            "DJANGO_SETTINGS_MODULE": "bank_site.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def setup_bank(env: dict[str, str], accounts: int, password: str) -> None:
+    """Create the database: tables, ``accounts`` accounts of ``OPENING_BALANCE``, staff user ``admin``."""
+    command = [sys.executable, "manage.py", "bank_setup", f"--accounts={accounts}", f"--balance={OPENING_BALANCE}"]
+    command += ["--staff=admin", f"--password={password}"]
+    setup = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    if setup.returncode != 0:
+        raise DemoError(f"setting up the database failed:\n{setup.stdout}{setup.stderr}")
+
+
+def start_worker(processes: Processes, env: dict[str, str], run_id: str) -> subprocess.Popen[bytes]:
+    """A Celery worker of the example project (prefork, 2 processes); ``wait_for_worker`` waits until it is ready."""
+    command = [sys.executable, "-m", "celery", "-A", "bank_site", "worker", "--pool=prefork", "--concurrency=2"]
+    command += ["--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    return processes.spawn("worker", [*command, f"--hostname=demo-{run_id}@%h"], env)
+
+
+def wait_for_worker(processes: Processes, worker: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
     while "ready." not in processes.log_path("worker").read_text(errors="replace"):
         if worker.poll() is not None:
             raise DemoError(f"the Celery worker exited (code {worker.returncode}):\n{processes.log_tail('worker')}")
         if time.monotonic() > deadline:
-            raise DemoError(f"the Celery worker did not start within 60 s:\n{processes.log_tail('worker')}")
+            raise DemoError(f"the Celery worker did not start within {timeout:g} s:\n{processes.log_tail('worker')}")
         time.sleep(0.1)
 
 
-def _wait_for_site(processes: Processes, server: subprocess.Popen[bytes], port: int, run_id: str) -> None:
+def start_site(processes: Processes, env: dict[str, str], port: int) -> Site:
+    """``manage.py runserver`` (threaded) on ``port``, once it answers ``/api/health`` with this run's id.
+
+    Raises ``DemoError`` saying so when the port is in use (another server on it answers with another id, or none).
+    """
+    run_id = env["BANK_RUN_ID"]
+    # --insecure: serve the admin's static files although DEBUG is off (runserver from django.contrib.staticfiles).
+    command = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"]
+    command.append("--insecure")
+    server = processes.spawn("site", command, env)
     deadline = time.monotonic() + 60
     while True:
         if server.poll() is not None:
@@ -364,9 +426,8 @@ def _wait_for_site(processes: Processes, server: subprocess.Popen[bytes], port: 
             raise DemoError(f"the site exited (code {server.returncode}):\n{log}")
         with contextlib.suppress(OSError):
             answer = request(port, "GET", "/api/health", timeout=2)
-            # Another server on this port answers something else: wait for ours to fail binding it.
             if answer.status == 200 and isinstance(answer.body, dict) and answer.body.get("run") == run_id:
-                return
+                return Site(processes, env, port, run_id)
         if time.monotonic() > deadline:
             raise DemoError(f"the site did not answer on port {port} within 60 s:\n{processes.log_tail('site')}")
         time.sleep(0.1)
@@ -389,20 +450,14 @@ def _account(port: int, pk: int) -> dict[str, Any]:
 
 
 def freeze_writer(
-    processes: Processes,
-    env: dict[str, str],
-    settings: Settings,
-    port: int,
-    progress: Progress,
-    status: list[str],
-    load_over: threading.Event,
-    tally: Tally,
+    site: Site, settings: Settings, progress: Progress, status: list[str], load_over: threading.Event, tally: Tally
 ) -> WriterOutcome:
     """Step 2 of the module docstring: freeze the batch job between its read and its write, past its lease."""
+    port = site.port
     outcome = WriterOutcome()
     command = [sys.executable, "manage.py", "accrue_interest", str(WRITER_ACCOUNT), "--ttl", f"{settings.ttl:g}"]
     command += ["--hold-before-write", "--json"] + (["--no-fence"] if settings.unfenced_writer else [])
-    writer = processes.spawn("writer", command, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    writer = site.processes.spawn("writer", command, site.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     status[0] = "waiting for the lock"
     read = _read_json_line(writer, 60, "read the account")
     os.kill(writer.pid, signal.SIGSTOP)
@@ -492,8 +547,112 @@ def wait_for_tasks(port: int, ids: list[str], timeout: float = 60) -> dict[str, 
     return results
 
 
-def _line(label: str, value: object) -> str:
-    return f"  {label + ':':<25}{value}"
+@dataclass
+class Load:
+    """What the load phase (steps 1-3) produced."""
+
+    tally: Tally
+    writer: WriterOutcome
+    task_ids: list[str]
+    seconds: float
+
+
+def generate_load(site: Site, settings: Settings, out: IO[str]) -> Load:
+    """Steps 1-3: the clients for ``--duration`` s, the frozen writer and the enqueues meanwhile."""
+    tally = Tally()
+    stop = threading.Event()
+    progress = Progress(out, settings.duration)
+    status = ["starting"]
+    outcomes: dict[str, Any] = {}
+    failures: list[BaseException] = []
+
+    def background(name: str, target: Any, *args: Any) -> threading.Thread:
+        def go() -> None:
+            try:
+                outcomes[name] = target(*args)
+            except BaseException as e:
+                failures.append(e)
+
+        thread = threading.Thread(target=go, daemon=True)
+        thread.start()
+        return thread
+
+    clients = [
+        threading.Thread(target=client_loop, args=(site.port, settings.accounts, i, stop, tally), daemon=True)
+        for i in range(settings.clients)
+    ]
+    started = time.monotonic()
+    for thread in clients:
+        thread.start()
+    stall = background("writer", freeze_writer, site, settings, progress, status, stop, tally)
+    enqueue: threading.Thread | None = None
+    while not failures and ((elapsed := time.monotonic() - started) < settings.duration or stall.is_alive()):
+        if enqueue is None and elapsed >= settings.duration / 2:
+            enqueue = background("reports", enqueue_reports, site.port, settings.reports, progress)
+        if elapsed >= settings.duration:
+            stop.set()  # the clients stop; the frozen writer's part may still be going on
+        progress.update(elapsed, tally, status[0])
+        time.sleep(0.1)
+    stop.set()
+    if enqueue is None and not failures:
+        enqueue = background("reports", enqueue_reports, site.port, settings.reports, progress)
+    for thread in (*clients, stall, *([enqueue] if enqueue else [])):
+        thread.join(90)
+    seconds = time.monotonic() - started
+    progress.update(seconds, tally, status[0])
+    progress.done()
+    if failures:
+        raise failures[0]
+    return Load(tally, outcomes["writer"], outcomes["reports"], seconds)
+
+
+def _line(label: str, value: object, detail: str = "") -> str:
+    return f"  {label + ':':<25}{value}{f' ({detail})' if detail else ''}"
+
+
+def report(site: Site, settings: Settings, load: Load, started: float, out: IO[str]) -> bool:
+    """Step 4: print the closing report; True when every check passed."""
+    tasks = wait_for_tasks(site.port, load.task_ids)
+    runs = request(site.port, "GET", "/api/reports/").body["runs"]
+    final = {row["id"]: int(row["balance"]) for row in request(site.port, "GET", "/api/accounts/").body["accounts"]}
+    tally, writer = load.tally, load.writer
+    ran = [t["result"] for t in tasks.values() if t["state"] == "SUCCESS" and t["result"] is not None]
+    skipped = sum(1 for t in tasks.values() if t["state"] == "SUCCESS" and t["result"] is None)
+    failed = sum(1 for t in tasks.values() if t["state"] == "FAILURE")
+    ordered = sorted(runs, key=lambda r: r["started"])
+    overlapping = sum(1 for a, b in itertools.pairwise(ordered) if b["started"] < a["finished"])
+    lost = lost_updates(tally.writes, OPENING_BALANCE, final)
+    expected = OPENING_BALANCE * settings.accounts + sum(w.amount for w in tally.writes)
+    actual = sum(final.values())
+    rate = tally.requests / load.seconds
+
+    print("\nreport", file=out)
+    answers = f"{tally.ok} ok, {tally.insufficient} insufficient funds, {tally.errors} errors"
+    print(_line("requests", tally.requests, f"{settings.clients} clients, {rate:.0f}/s: {answers}"), file=out)
+    print(_line("lock acquisitions", tally.acquisitions), file=out)
+    print(_line("contention answers", tally.busy, "423 Locked with Retry-After: the account was busy"), file=out)
+    if writer.event == "refused":
+        why = f"the frozen job's token {writer.token}; the row had {writer.newer_token} from a newer holder"
+    else:
+        why = f"the frozen job's write with token {writer.token} was ACCEPTED"
+    print(_line("stale writes rejected", tally.refused + (writer.event == "refused"), why), file=out)
+    tokens = ", ".join(str(r["token"]) for r in ran) or "-"
+    print(_line("report runs", len(ran), f"tokens {tokens}; overlapping: {overlapping}; failed: {failed}"), file=out)
+    print(_line("duplicate tasks skipped", skipped, f"of {len(tasks)} enqueued at once"), file=out)
+    print(_line("balances", f"expected {expected}, actual {actual}", f"{settings.accounts} accounts"), file=out)
+    print(_line("lost updates", lost), file=out)
+    print(_line("wall time", f"{time.monotonic() - started:.1f} s"), file=out)
+    if tally.error_samples:
+        print(f"  errors, e.g.: {'; '.join(tally.error_samples)}", file=out)
+    if settings.unfenced_writer:
+        print(
+            "\nWithout its fence the frozen job wrote a balance computed before the newer holders' writes: "
+            + ("those writes are lost." if lost else "this time nobody wrote in between."),
+            file=out,
+        )
+    out.flush()
+    fenced_ok = writer.event == "refused" or settings.unfenced_writer
+    return lost == 0 and expected == actual and overlapping == 0 and not failed and fenced_ok
 
 
 def run(settings: Settings, out: IO[str]) -> int:
@@ -503,174 +662,38 @@ def run(settings: Settings, out: IO[str]) -> int:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distlock-demo-")))
         url, where = stack.enter_context(lock_service(settings.etcd))
-        url = _with_prefix(url, f"distlock-demo-{run_id}")
         processes = Processes(tmp)
         stack.callback(processes.stop_all)
-        port = settings.port if settings.port is not None else _free_port()
-        env = dict(os.environ)
-        env.update(
-            {
-                "BANK_DATA_DIR": str(tmp / "data"),
-                "DISTLOCK_URL": url,
-                "BANK_RUN_ID": run_id,
-                "DJANGO_SETTINGS_MODULE": "bank_site.settings",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        env.pop("DISTLOCK_DJANGO_ETCD_URL", None)
+        port = settings.port if settings.port is not None else free_port()
+        env = example_env(tmp / "data", with_prefix(url, f"distlock-demo-{run_id}"), run_id)
         print("distlock demo: the example bank (example_project/) under load", file=out)
         print(f"  locks:     {where}", file=out)
         print(f"  database:  SQLite in {tmp / 'data'}", file=out)
-        print("  tasks:     Celery worker (prefork, 2 processes), broker and results in that folder", file=out)
+        print("  tasks:     a Celery worker (prefork, 2 processes); broker and results in that folder", file=out)
         print(f"  site:      http://127.0.0.1:{port}/admin/ (user admin, password {password})", file=out)
         out.flush()
-
-        setup = subprocess.run(
-            [
-                *(sys.executable, "manage.py", "bank_setup", f"--accounts={settings.accounts}"),
-                *(f"--balance={OPENING_BALANCE}", "--staff=admin", f"--password={password}"),
-            ],
-            cwd=PROJECT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if setup.returncode != 0:
-            raise DemoError(f"setting up the database failed:\n{setup.stdout}{setup.stderr}")
-        worker = processes.spawn(
-            "worker",
-            [
-                *(sys.executable, "-m", "celery", "-A", "bank_site", "worker", "--pool=prefork", "--concurrency=2"),
-                *("--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"),
-                f"--hostname=demo-{run_id}@%h",
-            ],
-            env,
-        )
-        server = processes.spawn(
-            "site",
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"],
-            env,
-        )
-        _wait_for_site(processes, server, port, run_id)
-        _wait_for_worker(processes, worker, time.monotonic() + 60)
-
-        tally = Tally()
-        stop = threading.Event()
-        progress = Progress(out, settings.duration)
+        setup_bank(env, settings.accounts, password)
+        worker = start_worker(processes, env, run_id)
+        site = start_site(processes, env, port)
+        wait_for_worker(processes, worker)
         print(
-            f"\n1-3. {settings.clients} clients: deposits, withdrawals, transfers on {settings.accounts} accounts "
-            f"for {settings.duration:g} s",
+            f"\n{settings.clients} clients make deposits, withdrawals and transfers on {settings.accounts} accounts "
+            f"for {settings.duration:g} s; meanwhile a batch job is frozen and the report is enqueued",
             file=out,
         )
-        clients = [
-            threading.Thread(target=client_loop, args=(port, settings.accounts, i, stop, tally), daemon=True)
-            for i in range(settings.clients)
-        ]
-        status = ["starting"]
-        outcomes: dict[str, Any] = {}
-        failures: list[BaseException] = []
-
-        def background(name: str, target: Any, *args: Any) -> threading.Thread:
-            def go() -> None:
-                try:
-                    outcomes[name] = target(*args)
-                except BaseException as e:
-                    failures.append(e)
-
-            thread = threading.Thread(target=go, daemon=True)
-            thread.start()
-            return thread
-
-        load_started = time.monotonic()
-        for thread in clients:
-            thread.start()
-        stall = background("writer", freeze_writer, processes, env, settings, port, progress, status, stop, tally)
-        enqueue: threading.Thread | None = None
-        while (elapsed := time.monotonic() - load_started) < settings.duration or stall.is_alive():
-            if failures:
-                break
-            if enqueue is None and elapsed >= settings.duration / 2:
-                enqueue = background("reports", enqueue_reports, port, settings.reports, progress)
-            if elapsed >= settings.duration:
-                stop.set()
-            progress.update(elapsed, tally, status[0])
-            time.sleep(0.1)
-        stop.set()
-        if enqueue is None:
-            enqueue = background("reports", enqueue_reports, port, settings.reports, progress)
-        for thread in (*clients, stall, enqueue):
-            thread.join(90)
-        progress.update(time.monotonic() - load_started, tally, status[0])
-        progress.done()
-        if failures:
-            raise failures[0]
-        load_time = time.monotonic() - load_started
-        writer: WriterOutcome = outcomes["writer"]
-        task_results = wait_for_tasks(port, outcomes["reports"])
-        runs = request(port, "GET", "/api/reports/").body["runs"]
-        final = {row["id"]: int(row["balance"]) for row in request(port, "GET", "/api/accounts/").body["accounts"]}
-
-        ran = [r for r in task_results.values() if r["state"] == "SUCCESS" and r["result"] is not None]
-        skipped = [r for r in task_results.values() if r["state"] == "SUCCESS" and r["result"] is None]
-        failed = [r for r in task_results.values() if r["state"] == "FAILURE"]
-        ordered = sorted(runs, key=lambda r: r["started"])
-        overlapping = sum(1 for a, b in itertools.pairwise(ordered) if b["started"] < a["finished"])
-        lost = lost_updates(tally.writes, OPENING_BALANCE, final)
-        expected = OPENING_BALANCE * settings.accounts + sum(w.amount for w in tally.writes)
-        actual = sum(final.values())
-        stale = tally.refused + (writer.event == "refused")
-
-        print("\nreport", file=out)
-        rate = tally.requests / load_time if load_time else 0.0
-        print(
-            _line("requests", tally.requests)
-            + f" over HTTP ({settings.clients} clients, {load_time:.1f} s, {rate:.0f}/s): {tally.ok} ok, "
-            f"{tally.insufficient} insufficient funds, {tally.errors} errors",
-            file=out,
-        )
-        print(_line("lock acquisitions", tally.acquisitions), file=out)
-        print(_line("contention answers", tally.busy) + " (423 Locked + Retry-After: the account was busy)", file=out)
-        detail = (
-            f" (the frozen job: token {writer.token} < {writer.newer_token} on the row)"
-            if writer.event == "refused"
-            else f" (the frozen job's write with token {writer.token} was accepted)"
-        )
-        print(_line("stale writes rejected", stale) + detail, file=out)
-        print(
-            _line("report runs", len(ran))
-            + f" (tokens {', '.join(str(r['result']['token']) for r in ran) or '-'}; overlapping: {overlapping}"
-            + (f"; failed: {len(failed)}" if failed else "")
-            + ")",
-            file=out,
-        )
-        print(_line("duplicate tasks skipped", len(skipped)) + f" of {len(task_results)} enqueued at once", file=out)
-        print(_line("balances", f"expected {expected}, actual {actual} ({settings.accounts} accounts)"), file=out)
-        print(_line("lost updates", lost), file=out)
-        print(_line("wall time", f"{time.monotonic() - started:.1f} s"), file=out)
-        if tally.error_samples:
-            print(f"  errors, e.g.: {'; '.join(tally.error_samples)}", file=out)
-        out.flush()
-        good = lost == 0 and expected == actual and overlapping == 0 and not failed
-        good = good and (writer.event == "refused" or settings.unfenced_writer)
-        if settings.unfenced_writer:
-            print(
-                "\nWithout its fence the frozen job wrote a balance computed before the newer holders' writes: "
-                + ("they are lost." if lost else "no write happened in between this time."),
-                file=out,
-            )
+        load = generate_load(site, settings, out)
+        good = report(site, settings, load, started, out)
         if settings.serve:
             print(
-                f"\nThe site is still up: http://127.0.0.1:{port}/admin/bank/account/ (accounts and their locks), "
-                f"http://127.0.0.1:{port}/admin/distlock/ (lock inspector); user admin, password {password}. "
+                f"\nThe site is still up: {site.url('/admin/bank/account/')} (accounts and their locks), "
+                f"{site.url('/admin/distlock/')} (lock inspector); user admin, password {password}. "
                 "Ctrl-C stops everything.",
                 file=out,
             )
             out.flush()
             with contextlib.suppress(KeyboardInterrupt):
-                while server.poll() is None:
-                    time.sleep(0.5)
+                while True:
+                    time.sleep(1)
         return 0 if good else 1
 
 
@@ -717,9 +740,10 @@ def main(argv: list[str] | None = None) -> int:
     except DemoError as e:
         print(f"\nerror: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; every process the demo started is stopped", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as e:
+        signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM
+        print(f"\ninterrupted ({signum.name}); every process the demo started is stopped", file=sys.stderr)
+        return 128 + signum
     finally:
         signal.signal(signal.SIGTERM, previous)
 

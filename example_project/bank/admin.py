@@ -13,6 +13,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
 import distlock
 from distlock_django import get_client, lock_name
@@ -75,9 +76,15 @@ class AccountAdmin(ReadOnly):
         for row in rows:
             state = states.setdefault(row["name"], {"token": row["token"], "waiting": 0})
             state["waiting"] += row["role"] != "holder"
-        _states.set(states)
         context = {**(extra_context or {}), "lock_rows": rows, "lock_error": error}
-        return super().changelist_view(request, context)
+        reset = _states.set(states)
+        try:
+            response = super().changelist_view(request, context)
+            if isinstance(response, TemplateResponse):
+                response.render()  # now, while the "lock now" column can see this read of the locks
+            return response
+        finally:
+            _states.reset(reset)
 
 
 @admin.register(Movement)
