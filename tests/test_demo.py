@@ -7,6 +7,7 @@ that mark may be left (etcd, the site, the Celery worker and its children, the f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,20 +31,6 @@ def _env(mark: str) -> dict[str, str]:
     env = child_env()
     env[MARK] = mark
     return env
-
-
-def run_demo(*args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], str]:
-    mark = uuid.uuid4().hex
-    result = subprocess.run(
-        [sys.executable, "-m", "scripts.demo", *args],
-        cwd=REPO,
-        env=_env(mark),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return result, mark
 
 
 def left_behind(mark: str) -> list[str]:
@@ -72,6 +60,55 @@ def number(text: str) -> int:
     match = re.match(r"\d+", text)
     assert match, text
     return int(match[0])
+
+
+@contextlib.contextmanager
+def running_demo(mark: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The demo in the background; stopped (SIGTERM, so that it cleans up; then SIGKILL) if still running after."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scripts.demo", *args],
+        cwd=REPO,
+        env=_env(mark),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+
+
+def read_until(process: subprocess.Popen[bytes], text: str, timeout: float = 60) -> str:
+    """The demo's output up to ``text`` (read from the pipe unbuffered: select() must see every byte)."""
+    assert process.stdout is not None
+    seen = b""
+    while text.encode() not in seen:
+        ready, _, _ = select.select([process.stdout], [], [], timeout)
+        chunk = os.read(process.stdout.fileno(), 65536) if ready else b""
+        assert chunk, f"the demo said nothing more (exit code {process.poll()}): {seen.decode()}"
+        seen += chunk
+    return seen.decode()
+
+
+def stop(process: subprocess.Popen[bytes], signum: int) -> str:
+    """Send ``signum`` and wait for the demo to exit; its stderr."""
+    os.kill(process.pid, signum)
+    _, err = process.communicate(timeout=30)
+    return err.decode()
+
+
+def run_demo(*args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the demo to its end; what it printed, and its mark."""
+    mark = uuid.uuid4().hex
+    with running_demo(mark, *args) as process:
+        out, err = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, out.decode(), err.decode()), mark
 
 
 def test_the_demo_refuses_the_frozen_writer_and_loses_no_update() -> None:
@@ -131,34 +168,28 @@ def test_an_occupied_port_ends_with_a_clear_message_and_stops_etcd_and_the_worke
     assert left_behind(mark) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupted_while_the_writer_is_frozen_it_stops_every_process(signum: int) -> None:
+def test_interrupted_while_the_writer_is_frozen_it_stops_every_process() -> None:
     mark = uuid.uuid4().hex
-    process = subprocess.Popen(
-        [sys.executable, "-m", "scripts.demo", "--clients", "2", "--duration", "30"],
-        cwd=REPO,
-        env=_env(mark),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    seen = ""
-    try:
-        while "SIGSTOP" not in seen:
-            ready, _, _ = select.select([process.stdout], [], [], 60)
-            line = process.stdout.readline() if ready else ""
-            assert line, f"the demo said nothing more: {seen}"
-            seen += line
-        assert left_behind(mark)  # the marks are seen: etcd, site, worker, the frozen job
-        os.kill(process.pid, signum)
-        _, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 128 + signum, err
-    assert "interrupted" in err
+    with running_demo(mark, "--clients", "2", "--duration", "30") as process:
+        read_until(process, "SIGSTOP")
+        assert left_behind(mark)  # etcd, the site, the worker and its children, the frozen job
+        err = stop(process, signal.SIGINT)  # Ctrl-C
+    assert process.returncode == 130, err
+    assert "interrupted (SIGINT); every process the demo started is stopped" in err
+    assert left_behind(mark) == []
+
+
+def test_serve_keeps_the_site_up_after_the_report_until_sigterm() -> None:
+    mark = uuid.uuid4().hex
+    with running_demo(mark, "--clients", "1", "--duration", "1", "--reports", "1", "--serve") as process:
+        out = read_until(process, "Ctrl-C stops everything")
+        port = int(re.findall(r"http://127\.0\.0\.1:(\d+)/admin/distlock/", out)[-1])
+        accounts = demo.request(port, "GET", "/api/accounts/")
+        assert accounts.status == 200
+        assert len(accounts.body["accounts"]) == 4
+        err = stop(process, signal.SIGTERM)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted (SIGTERM)" in err
     assert left_behind(mark) == []
 
 
