@@ -77,6 +77,7 @@ class Processes:
                 command,
                 cwd=PROJECT,
                 env=env,
+                stdin=kwargs.pop("stdin", subprocess.DEVNULL),
                 stdout=kwargs.pop("stdout", out),
                 stderr=out,
                 start_new_session=True,  # Ctrl-C reaches the demo only; the demo stops the process groups
@@ -98,18 +99,29 @@ class Processes:
 
         The grace is short on purpose: by the time the demo stops, nothing of value runs any more, and a Celery
         worker on a polled broker (the filesystem transport) only notices a warm shutdown after several seconds.
+        Processes are reaped only after their groups got SIGKILL, so an unreaped leader keeps the group's id from
+        being reused. (A leader that exited on its own earlier was reaped then; its group still gets SIGKILL, for
+        children it may have left behind.)
         """
-        for _, process in reversed(self._started):
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
-            _signal_group(process, signal.SIGCONT)
+        for _, process in self._started:
+            if process.returncode is None:
+                os.kill(process.pid, signal.SIGTERM)
+                _signal_group(process, signal.SIGCONT)
         deadline = time.monotonic() + grace
-        for _, process in reversed(self._started):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(max(0.01, deadline - time.monotonic()))
+        while time.monotonic() < deadline and not all(_exited(process) for _, process in self._started):
+            time.sleep(0.02)
+        for _, process in self._started:
             _signal_group(process, signal.SIGKILL)  # the group: a prefork worker's children, too
+        for _, process in self._started:
             process.wait()
         self._started.clear()
+
+
+def _exited(process: subprocess.Popen[bytes]) -> bool:
+    """Whether ``process`` has exited, without reaping it."""
+    if process.returncode is not None:
+        return True
+    return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
@@ -121,7 +133,15 @@ class Terminated(Exception):
     """SIGTERM: unwinds through the cleanup like Ctrl-C's KeyboardInterrupt does."""
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
+#: Set when the demo starts stopping what it started: a second Ctrl-C or SIGTERM then waits for that to finish.
+STOPPING = threading.Event()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if STOPPING.is_set():
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated()
 
 
@@ -664,6 +684,7 @@ def run(settings: Settings, out: IO[str]) -> int:
         url, where = stack.enter_context(lock_service(settings.etcd))
         processes = Processes(tmp)
         stack.callback(processes.stop_all)
+        stack.callback(STOPPING.set)  # first thing when unwinding (callbacks run last-in, first-out)
         port = settings.port if settings.port is not None else free_port()
         env = example_env(tmp / "data", with_prefix(url, f"distlock-demo-{run_id}"), run_id)
         print("distlock demo: the example bank (example_project/) under load", file=out)
@@ -734,7 +755,8 @@ def parse(argv: list[str] | None) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse(argv)
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    STOPPING.clear()
+    previous = {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run(settings, sys.stdout)
     except DemoError as e:
@@ -745,7 +767,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted ({signum.name}); every process the demo started is stopped", file=sys.stderr)
         return 128 + signum
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":
