@@ -351,11 +351,11 @@ def lock_service(url: str | None) -> Iterator[tuple[str, str]]:
     """The etcd URL to use and a description: ``url`` checked, or a throwaway local etcd."""
     if url is not None:
         try:
-            with distlock.connect(url, connect_timeout=3):
-                pass
+            with distlock.connect(url, connect_timeout=3) as client:
+                where = client.description  # without the password a URL may carry
         except distlock.DistlockError as e:
-            raise DemoError(f"cannot use --etcd {url}: {e}") from e
-        yield url, f"etcd at {url}"
+            raise DemoError(f"cannot use --etcd: {e}") from e
+        yield url, where
         return
     from distlock.testing import EtcdServer, HarnessError
 
@@ -477,7 +477,8 @@ def freeze_writer(
     outcome = WriterOutcome()
     command = [sys.executable, "manage.py", "accrue_interest", str(WRITER_ACCOUNT), "--ttl", f"{settings.ttl:g}"]
     command += ["--hold-before-write", "--json"] + (["--no-fence"] if settings.unfenced_writer else [])
-    writer = site.processes.spawn("writer", command, site.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    # Unbuffered (bufsize=0): each readline() takes one line off the pipe, so select() sees whatever is left.
+    writer = site.processes.spawn("writer", command, site.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
     status[0] = "waiting for the lock"
     read = _read_json_line(writer, 60, "read the account")
     os.kill(writer.pid, signal.SIGSTOP)

@@ -149,7 +149,7 @@ def test_without_its_fence_the_frozen_writer_loses_updates_and_the_report_says_s
 def test_a_bad_etcd_url_ends_with_a_clear_message(url: str, reason: str) -> None:
     result, mark = run_demo("--etcd", url)
     assert result.returncode == 2
-    assert f"error: cannot use --etcd {url}: " in result.stderr
+    assert "error: cannot use --etcd: " in result.stderr
     assert reason in result.stderr
     assert "Traceback" not in result.stderr
     assert left_behind(mark) == []
