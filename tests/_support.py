@@ -23,7 +23,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    """The environment for a process a test starts: the repo importable, and no Django settings inherited.
+
+    ``tests/djangotests/conftest.py`` sets ``DJANGO_SETTINGS_MODULE`` in this process when it is collected; a Celery
+    worker or a plain script started later must not pick it up (``distlock.celery`` falls back to Django's settings
+    when that variable names a module). Tests that want Django in the child add the variables back themselves.
+    """
+    django = ("DJANGO_SETTINGS_MODULE", "DISTLOCK_DJANGO_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(django)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
 

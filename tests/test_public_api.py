@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from _support import child_env
 
 import distlock
 
@@ -46,5 +47,6 @@ def test_error_tree(error: type[Exception], parents: tuple[type[Exception], ...]
 
 def test_importing_distlock_imports_no_framework() -> None:
     code = "import sys, distlock, distlock_sqla; print(sorted(m for m in ('django', 'grpc') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=child_env())
+    out = run.stdout
     assert out.strip() == "[]", "importing distlock pulled in a framework or the etcd client eagerly"
