@@ -125,6 +125,7 @@ class EtcdBackend:
         self._kv: Any = None
         self._lease: Any = None
         self._watch: Any = None
+        self._closed = False
 
     # -- connection -------------------------------------------------------------------------------------------
 
@@ -158,6 +159,8 @@ class EtcdBackend:
 
     def _connect(self) -> grpc.Channel:
         with self._mutex:
+            if self._closed:
+                raise BackendError(f"the distlock client for {self.description} is closed")
             if self._channel is None:
                 target, options = self._target()
                 if self._credentials is not None:
@@ -193,6 +196,7 @@ class EtcdBackend:
 
     def close(self) -> None:
         with self._mutex:
+            self._closed = True
             channel, self._channel = self._channel, None
         if channel is not None:
             channel.close()
@@ -209,6 +213,11 @@ class EtcdBackend:
                 raise BackendUnavailable(f"{what}: {self.description} did not answer in time")
             try:
                 return call(remaining)
+            except ValueError as e:
+                # grpc raises ValueError for a request on a channel that close() shut under us (another thread).
+                if "closed channel" not in str(e):
+                    raise
+                raise BackendError(f"{what}: the distlock client for {self.description} is closed") from e
             except grpc.RpcError as e:
                 code = _code(e)
                 if code in _RETRYABLE and _clock.now() + delay < deadline:
@@ -239,7 +248,8 @@ class EtcdBackend:
     def _translate(self, error: grpc.RpcError, what: str) -> BackendError:
         code = _code(error)
         details = _details(error)
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        # A deadline that runs out inside etcd comes back as UNKNOWN "context deadline exceeded".
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or "context deadline" in details:
             return BackendUnavailable(f"{what}: {self.description} is unavailable ({code.name}: {details})")
         lowered = details.lower()
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) or (
@@ -345,37 +355,33 @@ class EtcdBackend:
         )
 
     def position(self, ticket: Ticket) -> Position:
+        # One plain Range, not a read-only Txn: etcd before 3.5.5 panics when a read-only Txn's context is cancelled
+        # in flight (etcd-io/etcd#14110) -- a client closed or a deadline hit mid-read would take the member down.
+        # Create revisions in a queue are unique, so the newest key created at or before our ticket is our own key
+        # (gone if it is someone else's), and the one after it in this order is the waiter just ahead of us.
         prefix = self._lock_prefix(ticket.name)
-        request = etcdrpc.TxnRequest(
-            success=[
-                etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=ticket.key, keys_only=True)),
-                etcdrpc.RequestOp(
-                    request_range=etcdrpc.RangeRequest(
-                        key=prefix,
-                        range_end=_prefix_end(prefix),
-                        max_create_revision=ticket.revision - 1,
-                        sort_order=etcdrpc.RangeRequest.DESCEND,
-                        sort_target=etcdrpc.RangeRequest.CREATE,
-                        limit=1,
-                        keys_only=True,
-                    )
-                ),
-            ]
+        request = etcdrpc.RangeRequest(
+            key=prefix,
+            range_end=_prefix_end(prefix),
+            max_create_revision=ticket.revision,
+            sort_order=etcdrpc.RangeRequest.DESCEND,
+            sort_target=etcdrpc.RangeRequest.CREATE,
+            limit=2,
+            keys_only=True,
         )
-        response, _ = self._unary(f"read queue of lock {ticket.name!r}", "Txn", request)
+        response, _ = self._unary(f"read queue of lock {ticket.name!r}", "Range", request)
         revision = int(response.header.revision)
-        mine = response.responses[0].response_range.kvs
-        if not mine or int(mine[0].create_revision) != ticket.revision:
+        kvs = response.kvs
+        if not kvs or bytes(kvs[0].key) != ticket.key or int(kvs[0].create_revision) != ticket.revision:
             return Position(held=False, gone=True, revision=revision)
-        ahead = response.responses[1].response_range
-        if not ahead.kvs:
+        if len(kvs) < 2:
             return Position(held=True, revision=revision, waiters_ahead=0)
         return Position(
             held=False,
-            ahead=bytes(ahead.kvs[0].key),
-            ahead_revision=int(ahead.kvs[0].create_revision),
+            ahead=bytes(kvs[1].key),
+            ahead_revision=int(kvs[1].create_revision),
             revision=revision,
-            waiters_ahead=int(ahead.count) - 1,
+            waiters_ahead=int(response.count) - 1,
         )
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
@@ -386,9 +392,14 @@ class EtcdBackend:
         # the watch starts later than the read, we read the queue again (one more request) before waiting.
         create = etcdrpc.WatchCreateRequest(key=position.ahead, filters=[etcdrpc.WatchCreateRequest.NOPUT])
         started = _clock.now()
-        responses = self._watch.Watch(
-            iter((etcdrpc.WatchRequest(create_request=create),)), timeout=timeout, metadata=self._metadata()
-        )
+        try:
+            responses = self._watch.Watch(
+                iter((etcdrpc.WatchRequest(create_request=create),)), timeout=timeout, metadata=self._metadata()
+            )
+        except ValueError as e:  # closed under us by another thread: the caller's next read says so
+            if "closed channel" not in str(e):
+                raise
+            return
         unregister = interrupt.on_fire(responses.cancel)
         try:
             for response in responses:
