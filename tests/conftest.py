@@ -20,6 +20,7 @@ from _support import LockServer
 
 import distlock
 from distlock._errors import ConfigurationError
+from distlock._lock import _held
 from distlock.testing import EtcdCluster, EtcdServer, find_etcd
 
 BACKENDS = ("etcd", "redis")
@@ -36,6 +37,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=10)
     first_line = (version.stdout.splitlines() or ["version unknown"])[0]
     return [f"etcd: {binary} ({first_line})"]
+
+
+@pytest.fixture(autouse=True)
+def _no_current_lock_leaks() -> Iterator[None]:
+    """A test that fails while holding a lock must not leave it as the next test's ``current_lock()``."""
+    outer = _held.set(())
+    yield
+    _held.reset(outer)
 
 
 @pytest.fixture(scope="session")

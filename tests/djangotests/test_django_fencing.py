@@ -129,7 +129,7 @@ def test_fenced_update_is_all_or_nothing(db_alias: str) -> None:
         assert lock.acquire()
     try:
         # One row has meanwhile been claimed by a newer holder (a token far above ours).
-        Account.objects.filter(pk=accounts[2].pk).update(fence_token=10**15)
+        Account.objects.filter(pk=accounts[2].pk).update(fence_token=2**62)
         with pytest.raises(distlock.StaleFenceToken):
             Account.objects.filter(pk__in=[a.pk for a in accounts]).fenced_update(note="bulk")
         assert not Account.objects.filter(note="bulk").exists(), "a bulk update wrote some rows"

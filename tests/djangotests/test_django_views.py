@@ -67,7 +67,7 @@ def test_two_simultaneous_requests_one_200_one_423(db_alias: str) -> None:
 
 def test_a_stale_write_in_a_view_answers_409(db_alias: str) -> None:
     account = Account.objects.create(balance=1)
-    Account.objects.filter(pk=account.pk).update(fence_token=10**15)  # a newer holder has claimed the row
+    Account.objects.filter(pk=account.pk).update(fence_token=2**62)  # a newer holder has claimed the row
     response = Client().post(f"/stale/{account.pk}/")
     assert response.status_code == 409
     assert Account.objects.get().balance == 1

@@ -137,7 +137,7 @@ def test_an_async_fenced_bulk_update_with_one_newer_row_writes_nothing(
 
     async def body(sessions: async_sessionmaker[AsyncSession]) -> int:
         async with client.async_lock(f"tenant:{tenant}", ttl=10) as lock, sessions() as session:
-            await session.execute(update(Account).where(Account.id == ids[-1]).values(fence_token=10**12))
+            await session.execute(update(Account).where(Account.id == ids[-1]).values(fence_token=2**62))
             await session.commit()
             with pytest.raises(StaleFenceToken, match=f"pk={ids[-1]}"):
                 await fenced_update(session, Account, {"balance": 0}, Account.tenant == tenant)
