@@ -552,7 +552,8 @@ def enqueue_reports(port: int, count: int, progress: Progress) -> list[str]:
     return ids
 
 
-def wait_for_tasks(port: int, ids: list[str], timeout: float = 60) -> dict[str, dict[str, Any]]:
+def wait_for_tasks(site: Site, ids: list[str], timeout: float = 60) -> dict[str, dict[str, Any]]:
+    port = site.port
     deadline = time.monotonic() + timeout
     results: dict[str, dict[str, Any]] = {}
     while len(results) < len(ids):
@@ -563,7 +564,10 @@ def wait_for_tasks(port: int, ids: list[str], timeout: float = 60) -> dict[str, 
                     results[task_id] = answer
         if len(results) < len(ids):
             if time.monotonic() > deadline:
-                raise DemoError(f"{len(ids) - len(results)} report tasks did not finish within {timeout:g} s")
+                raise DemoError(
+                    f"{len(ids) - len(results)} report tasks did not finish within {timeout:g} s; the worker's log "
+                    f"ends:\n{site.processes.log_tail('worker', 40)}"
+                )
             time.sleep(0.1)
     return results
 
@@ -633,7 +637,7 @@ def _line(label: str, value: object, detail: str = "") -> str:
 
 def report(site: Site, settings: Settings, load: Load, started: float, out: IO[str]) -> bool:
     """Step 4: print the closing report; True when every check passed."""
-    tasks = wait_for_tasks(site.port, load.task_ids)
+    tasks = wait_for_tasks(site, load.task_ids)
     runs = request(site.port, "GET", "/api/reports/").body["runs"]
     final = {row["id"]: int(row["balance"]) for row in request(site.port, "GET", "/api/accounts/").body["accounts"]}
     tally, writer = load.tally, load.writer
