@@ -98,6 +98,7 @@ _BROKER_DIR.mkdir(exist_ok=True)
 (DATA_DIR / "results").mkdir(exist_ok=True)
 (DATA_DIR / "broker-control").mkdir(exist_ok=True)
 CELERY_BROKER_URL = "filesystem://"
+CELERY_BROKER_TRANSPORT = "bank_site.broker:Transport"  # kombu's, writing each message whole (see broker.py)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "data_folder_in": str(_BROKER_DIR),
     "data_folder_out": str(_BROKER_DIR),
