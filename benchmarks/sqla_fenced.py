@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import importlib.metadata
 import os
 import platform
@@ -31,7 +32,7 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,26 +130,36 @@ class Database:
         return lines
 
 
-def measure(database: Database, rounds: int, warmup: int, block: int) -> None:
-    """Interleaved blocks of ``block`` rounds per variant, the order rotating from block to block."""
-    Base.metadata.create_all(database.engine)
-    with Session(database.engine) as session:
-        session.add_all([PlainRow(id=ROW), FencedRow(id=ROW), ServerDefaultRow(id=ROW)])
-        session.commit()
-    keys = list(VARIANTS)
+def interleaved(
+    runs: Mapping[str, Callable[[], object]], rounds: int, warmup: int, block: int
+) -> dict[str, list[float]]:
+    """The seconds of ``rounds`` calls of each of ``runs``, after ``warmup`` calls of each: interleaved blocks of
+    ``block`` calls per run, the order rotating from block to block, so a slow spell hits them alike."""
+    keys = list(runs)
     for key in keys:
         for _ in range(warmup):
-            VARIANTS[key][1](database.engine)
-    database.seconds = {key: [] for key in keys}
+            runs[key]()
+    seconds: dict[str, list[float]] = {key: [] for key in keys}
     clock = time.perf_counter
     for k, done in enumerate(range(0, rounds, block)):
         shift = k % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            run, samples = VARIANTS[key][1], database.seconds[key]
+            run, samples = runs[key], seconds[key]
             for _ in range(min(block, rounds - done)):
                 t0 = clock()
-                run(database.engine)
+                run()
                 samples.append(clock() - t0)
+    return seconds
+
+
+def measure(database: Database, rounds: int, warmup: int, block: int) -> None:
+    """Every variant on ``database``, :func:`interleaved`."""
+    Base.metadata.create_all(database.engine)
+    with Session(database.engine) as session:
+        session.add_all([PlainRow(id=ROW), FencedRow(id=ROW), ServerDefaultRow(id=ROW)])
+        session.commit()
+    runs = {key: functools.partial(run, database.engine) for key, (_, run) in VARIANTS.items()}
+    database.seconds = interleaved(runs, rounds, warmup, block)
 
 
 def sqlite_engine(path: Path) -> Engine:
@@ -232,8 +243,9 @@ def render(
     return "\n".join(lines) + "\n"
 
 
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser("python -m benchmarks.sqla_fenced", description=__doc__.split("\n\n")[0])
+def database_arguments(prog: str, description: str, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse the options of a database benchmark (this one, :mod:`benchmarks.django_overhead`)."""
+    parser = argparse.ArgumentParser(prog, description=description)
     parser.add_argument("--rounds", type=int, default=2000, help="rounds per variant and database (default 2000)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up rounds per variant (default 200)")
     parser.add_argument("--block", type=int, default=25, help="rounds per interleaved block (default 25)")
@@ -246,6 +258,10 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.rounds < 1 or args.warmup < 0 or args.block < 1:
         parser.error("--rounds and --block must be positive, --warmup not negative")
     return args
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return database_arguments("python -m benchmarks.sqla_fenced", __doc__.split("\n\n")[0], argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
