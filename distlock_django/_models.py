@@ -31,6 +31,7 @@ connection ends. Bound it with PostgreSQL's ``idle_in_transaction_session_timeou
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -263,31 +264,38 @@ class FencedModel(models.Model):
         model = type(self)
         meta = self._meta
         names = None if update_fields is None else set(update_fields)
-        with transaction.atomic(using=using, savepoint=False):
-            signals.pre_save.send(
-                sender=model.__mro__[0], instance=self, raw=False, using=using, update_fields=update_fields
-            )
-            values = {
-                field.attname: field.pre_save(self, False)
-                for field in meta.concrete_fields
-                if not field.primary_key
-                and field.attname != "fence_token"
-                and (names is None or field.name in names or field.attname in names)
-            }
+        signals.pre_save.send(
+            sender=model.__mro__[0], instance=self, raw=False, using=using, update_fields=update_fields
+        )
+        values = {
+            field.attname: field.pre_save(self, False)
+            for field in meta.concrete_fields
+            if not field.primary_key
+            and field.attname != "fence_token"
+            and (names is None or field.name in names or field.attname in names)
+        }
+        # As Django's own save_base(): one UPDATE needs no transaction of its own (a stale one matches no row and
+        # writes nothing); an inherited model's UPDATE spans its parents' tables, and those run in one transaction.
+        # Signals are sent outside it, as Django sends them.
+        if meta.parents:
+            context: contextlib.AbstractContextManager[object] = transaction.atomic(using=using, savepoint=False)
+        else:
+            context = transaction.mark_for_rollback_on_error(using=using)
+        with context:
             updated = model._base_manager.using(using).filter(pk=self.pk, fence_token__lte=token)
             if updated.update(fence_token=token, **values) != 1:
                 raise _stale(model, self.pk, token, using, "fenced save")
-            self.fence_token = token
-            self._state.adding = False
-            self._state.db = using
-            signals.post_save.send(
-                sender=model.__mro__[0],
-                instance=self,
-                created=False,
-                update_fields=frozenset(update_fields) if update_fields is not None else None,
-                raw=False,
-                using=using,
-            )
+        self.fence_token = token
+        self._state.adding = False
+        self._state.db = using
+        signals.post_save.send(
+            sender=model.__mro__[0],
+            instance=self,
+            created=False,
+            update_fields=frozenset(update_fields) if update_fields is not None else None,
+            raw=False,
+            using=using,
+        )
 
     def delete(
         self, using: str | None = None, keep_parents: bool = False, *, fence: Fence | distlock.Lock | None = None
