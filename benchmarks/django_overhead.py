@@ -267,14 +267,19 @@ def decorator_lines(seconds: dict[str, list[float]]) -> list[str]:
         return _percentile(sorted(seconds[key]), 50)
 
     overhead, lock = median("decorated") - median("plain"), median("lock")
-    verdict = "met" if overhead <= lock + SLACK else "**missed**"
     by_hand = median("hand") - median("plain")
     own = median("decorated") - median("hand")
+    # The same two RPCs cost more around a request than back to back (the interpreter and CPU caches are cold after
+    # the view's work), so the target is judged against both measures of "the lock's own acquire+release".
+    back_to_back = "met" if overhead <= lock + SLACK else "**missed**"
+    in_context = "met" if overhead <= by_hand + SLACK else "**missed**"
     return [
         f"- decorator overhead (decorated {MINUS} plain median) {_ms(overhead)} ms vs the lock's own acquire+release "
-        f"{_ms(lock)} ms; target ≤ {_ms(lock)} + {SLACK * 1000:.1f} ms: {verdict}",
+        f"back to back {_ms(lock)} ms; target ≤ {_ms(lock)} + {SLACK * 1000:.1f} ms: {back_to_back}",
         f"- the same lock taken by hand around the plain view's request: +{_ms(by_hand)} ms over the plain view; "
-        f"decorated {MINUS} hand-locked median: {_ms(own)} ms (the decorator's own code)",
+        f"target against that ≤ {_ms(by_hand)} + {SLACK * 1000:.1f} ms: {in_context}",
+        f"- decorated {MINUS} hand-locked median: {_ms(own)} ms (the decorator's own code: template, key prefix, "
+        "transaction hook, status mapping)",
     ]
 
 
@@ -331,7 +336,10 @@ def render(
         "whole request stack in-process (`SecurityMiddleware`, `CommonMiddleware`). *Decorated*: the same function",
         'under `@distributed_lock("bench:{pk}")` with the default TTL and timeout, never contended. *By hand*:',
         "`get_client().lock(name)`, `acquire()`, the plain view's request, `release()`. *The lock alone*:",
-        "`acquire()` + `release()` back to back, on the same client, name and etcd. etcd keeps every released queue",
+        "`acquire()` + `release()` back to back, on the same client, name and etcd. The same two requests cost more",
+        "with a request between them than back to back (with 1.2 ms of plain Python work between them and no Django,",
+        "0.13 to 0.2 ms more, measured apart from this run), so the by-hand lock is the fairer yardstick for the",
+        "decorator's target; both are reported. etcd keeps every released queue",
         "key until a compaction, which this etcd (`--auto-compaction-retention=0`) never runs, so acquisitions grow",
         "slower as the run goes on; the interleaving spreads that over the lock variants alike.",
         "",
@@ -345,11 +353,10 @@ def render(
         "fields). *Fenced*: a `FencedModel` inside its held lock (acquired once, before measuring): `save()` writes",
         "`UPDATE ... SET value, fence_token = :t WHERE id = :id AND fence_token <= :t`. *Claim + fenced*:",
         "`Model.objects.filter(pk=1).fenced().get()` (claims the row with the token, then reads it; DESIGN §3)",
-        "instead of `get()`, then the same `save()`. Django's plain `save()` of an existing row is one `UPDATE` in",
-        "autocommit; the fenced `save()` runs its `UPDATE` and the `pre_save`/`post_save` signals inside",
-        "`transaction.atomic(savepoint=False)`, which adds a `BEGIN` and a `COMMIT` (on PostgreSQL, round trips of",
-        "their own). The *in `atomic()`* variants run the whole round inside the caller's transaction (as",
-        "`ATOMIC_REQUESTS` would), which both saves then share; their ratio is to the plain `save()` in `atomic()`.",
+        "instead of `get()`, then the same `save()`. Both saves of an existing row are one `UPDATE` in autocommit",
+        "(the fenced one opens a transaction only for a model with multi-table parents, as Django's `save()` does).",
+        "The *in `atomic()`* variants run the whole round inside the caller's transaction (as `ATOMIC_REQUESTS`",
+        "would); their ratio is to the plain `save()` in `atomic()`.",
         "",
         "| Database | variant | rounds | median ms | p99 ms | median ÷ plain |",
         "|---|---|---:|---:|---:|---:|",
