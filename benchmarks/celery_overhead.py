@@ -46,7 +46,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from benchmarks.etcd_locks import Etcd, _breakdown, _machine, _ms, _percentile, _ratio, _server, write_section
+from benchmarks.etcd_locks import Etcd, _breakdown, _machine, _ms, _percentile, _ratio, _server, publish
 from distlock.celery import SingletonTask
 from distlock.testing import RedisServer
 
@@ -349,8 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine=machine,
         kinds=kinds,
     )
-    write_section(args.out, section, MARKERS)
-    print(f"written to {args.out}", flush=True)
+    publish(args.out, section, MARKERS)
     return 0
 
 

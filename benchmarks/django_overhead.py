@@ -42,7 +42,7 @@ from django.test import Client
 from django.urls import URLPattern, path
 from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks.etcd_locks import _machine, _ms, _percentile, _ratio, _server, write_section
+from benchmarks.etcd_locks import _machine, _ms, _percentile, _ratio, _server, publish
 from benchmarks.sqla_fenced import _postgres, _version, database_arguments, interleaved
 
 if TYPE_CHECKING:
@@ -438,9 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         requests=requests,
         databases=databases,
     )
-    write_section(args.out, section, MARKERS)
-    print(section, flush=True)
-    print(f"written to {args.out}", flush=True)
+    publish(args.out, section, MARKERS)
     return 0
 
 

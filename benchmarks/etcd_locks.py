@@ -748,6 +748,13 @@ def write_section(path: Path, section: str, markers: tuple[str, str] = (BEGIN_MA
     path.write_text(text)
 
 
+def publish(path: Path, section: str, markers: tuple[str, str] = (BEGIN_MARKER, END_MARKER)) -> None:
+    """Print a benchmark's section and write it into ``path`` (see :func:`write_section`)."""
+    write_section(path, section, markers)
+    print(section, flush=True)
+    print(f"written to {path}", flush=True)
+
+
 # --- main -------------------------------------------------------------------------------------------------
 
 
@@ -869,9 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         contended=contended,
         errors=errors,
     )
-    write_section(args.out, section)
-    print(section, flush=True)
-    print(f"written to {args.out}", flush=True)
+    publish(args.out, section)
     return 1 if errors else 0
 
 

@@ -62,7 +62,7 @@ from benchmarks.etcd_locks import (
     add_arguments,
     measure,
     parse_arguments,
-    write_section,
+    publish,
 )
 from distlock.testing import RedisServer
 
@@ -453,9 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         contended=contended,
         errors=errors,
     )
-    write_section(args.out, section, MARKERS)
-    print(section, flush=True)
-    print(f"written to {args.out}", flush=True)
+    publish(args.out, section, MARKERS)
     return 1 if errors else 0
 
 

@@ -40,7 +40,7 @@ from sqlalchemy import BigInteger, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import distlock
-from benchmarks.etcd_locks import _checkout, _machine, _ms, _percentile, _ratio, _server, write_section
+from benchmarks.etcd_locks import _checkout, _machine, _ms, _percentile, _ratio, _server, publish
 from distlock.testing import PostgresServer
 from distlock_sqla import FencedMixin, claim_one
 
@@ -316,9 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args=args,
         databases=databases,
     )
-    write_section(args.out, section, MARKERS)
-    print(section, flush=True)
-    print(f"written to {args.out}", flush=True)
+    publish(args.out, section, MARKERS)
     return 0
 
 
