@@ -4,6 +4,7 @@ one interface over a private etcd or Redis server for the backend-neutral tests.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import select
@@ -14,12 +15,22 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import distlock
 from distlock.testing import EtcdServer, RedisServer
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def load_module(name: str, path: Path) -> ModuleType:
+    """Import the file ``path`` as module ``name`` without importing the package around it."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def child_env() -> dict[str, str]:

@@ -8,7 +8,6 @@ Measured with kombu 5.7's own transport in this test's set-up: 4 to 45 of 5000 m
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import threading
 from pathlib import Path
@@ -16,7 +15,7 @@ from queue import Empty
 from types import ModuleType
 from typing import Any
 
-from _support import REPO
+from _support import REPO, load_module
 from kombu import Connection
 
 MESSAGES = 5000
@@ -25,11 +24,7 @@ SENDERS = 10  # threads of one process, as in the example's site: they contend f
 
 def _broker() -> ModuleType:
     # By path: importing the bank_site package would load the example's Celery app and Django settings.
-    spec = importlib.util.spec_from_file_location("example_broker", REPO / "example_project/bank_site/broker.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("example_broker", REPO / "example_project/bank_site/broker.py")
 
 
 def _connection(folder: str) -> Connection:

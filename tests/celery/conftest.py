@@ -11,7 +11,6 @@ broker to separate worker processes.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -23,25 +22,16 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from _support import child_env
+from _support import child_env, load_module
 from celery import Celery
 
 HERE = Path(__file__).resolve().parent
 
 
-def _load_app_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("distlock_celery_testapp", HERE / "celeryapp.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-testapp = _load_app_module()
+testapp = load_module("distlock_celery_testapp", HERE / "celeryapp.py")
 
 
 @dataclass
