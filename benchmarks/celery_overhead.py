@@ -26,11 +26,9 @@ machine (through :func:`benchmarks.etcd_locks._machine`). Everything is bounded:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.metadata
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -46,7 +44,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from benchmarks.etcd_locks import Etcd, _breakdown, _machine, _ms, _percentile, _ratio, _server, publish
+from benchmarks.etcd_locks import Etcd, Run, _breakdown, _machine, _ms, _percentile, _ratio, _server, publish
 from distlock.celery import SingletonTask
 from distlock.testing import RedisServer
 
@@ -220,22 +218,20 @@ def _worker_timings(path: Path, kinds: dict[str, Kind], skip: Counter[str]) -> N
 # --- report -----------------------------------------------------------------------------------------------
 
 
-def render(
-    *, command: str, started: dt.datetime, elapsed: float, load: float, machine: list[str], kinds: dict[str, Kind]
-) -> str:
+def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
     plain = kinds["plain"]
     lines = [
         MARKERS[0],
         "## Celery: `SingletonTask` over a plain task, same worker",
         "",
-        f"`{command}`, {started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s in all.",
+        run.when(),
         "",
         *machine,
         f"- celery {importlib.metadata.version('celery')}, kombu {importlib.metadata.version('kombu')}, "
         f"redis-py {importlib.metadata.version('redis')}; Redis as broker and result backend "
         "(`distlock.testing.RedisServer`, loopback, no persistence)",
         f"- One worker: prefork, 2 processes, prefetch 1; lock TTL {TTL:g} s",
-        f"- Load average (1 min) when the run started: {load:.1f} (other work on the machine adds noise)",
+        run.load_line(),
         "",
         "Task bodies are empty and every call has its own lock name, so nothing waits for a lock: the difference to",
         "the plain task is what taking and releasing the lock costs. *Round trip*: `task.delay(i).get()`, one call",
@@ -309,10 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _worker_main(argv[1:])
         return 0
     args = _parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.celery_overhead", *argv])
-    started = dt.datetime.now(dt.UTC)
-    clock = time.monotonic()
-    load = os.getloadavg()[0]
+    run = Run.begin("benchmarks.celery_overhead", argv)
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     kinds = {key: Kind(key) for key in KINDS}
 
@@ -342,10 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kind in kinds.values():
         print(kind.row(), flush=True)
     section = render(
-        command=command,
-        started=started,
-        elapsed=time.monotonic() - clock,
-        load=load,
+        run=run,
         machine=machine,
         kinds=kinds,
     )

@@ -23,13 +23,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import os
-import shlex
 import sqlite3
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -42,7 +38,7 @@ from django.test import Client
 from django.urls import URLPattern, path
 from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks.etcd_locks import _machine, _ms, _percentile, _ratio, _server, publish
+from benchmarks.etcd_locks import Run, _machine, _ms, _percentile, _ratio, _server, publish
 from benchmarks.sqla_fenced import _postgres, _version, database_arguments, interleaved
 
 if TYPE_CHECKING:
@@ -308,10 +304,7 @@ def save_lines(database: Database) -> list[str]:
 
 def render(
     *,
-    command: str,
-    started: dt.datetime,
-    elapsed: float,
-    load: float,
+    run: Run,
     machine: list[str],
     args: argparse.Namespace,
     requests: dict[str, list[float]],
@@ -321,11 +314,11 @@ def render(
         MARKERS[0],
         "## Django: `@distributed_lock` per request, fenced `save()` vs plain `save()`",
         "",
-        f"`{command}`, {started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s in all.",
+        run.when(),
         "",
         *machine,
         *(f"- {d.label}: {d.description}" for d in databases),
-        f"- Load average (1 min) when the run started: {load:.1f} (other work on the machine adds noise)",
+        run.load_line(),
         "",
         f"{args.rounds} rounds per variant after {args.warmup} warm-up rounds, interleaved in blocks of",
         f"{args.block} (the order rotating), all in one process.",
@@ -378,10 +371,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.django_overhead", *argv])
-    started = dt.datetime.now(dt.UTC)
-    clock = time.monotonic()
-    load = os.getloadavg()[0]
+    run = Run.begin("benchmarks.django_overhead", argv)
     with (
         tempfile.TemporaryDirectory(prefix="distlock-django-bench-") as temp,
         _server(args) as etcd,
@@ -429,10 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             connections.close_all()
             reset_client()
     section = render(
-        command=command,
-        started=started,
-        elapsed=time.monotonic() - clock,
-        load=load,
+        run=run,
         machine=machine,
         args=args,
         requests=requests,

@@ -646,12 +646,32 @@ def _checkout() -> str:
     return f"commit {commit}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A benchmark run's command line, start time and the machine's load then: what its section states first."""
+
+    command: str
+    started: dt.datetime
+    clock: float
+    load: float
+
+    @classmethod
+    def begin(cls, module: str, argv: Sequence[str]) -> Run:
+        load = os.getloadavg()[0]  # before our own processes add to it
+        return cls(shlex.join(["python", "-m", module, *argv]), dt.datetime.now(dt.UTC), time.monotonic(), load)
+
+    def when(self, note: str = "") -> str:
+        """The command, when it started and how long it took (until now)."""
+        elapsed = time.monotonic() - self.clock
+        return f"`{self.command}`{note}, {self.started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s in all."
+
+    def load_line(self) -> str:
+        return f"- Load average (1 min) when the run started: {self.load:.1f} (other work on the machine adds noise)"
+
+
 def render(
     *,
-    command: str,
-    started: dt.datetime,
-    elapsed: float,
-    load: float,
+    run: Run,
     machine: list[str],
     args: argparse.Namespace,
     uncontended: list[Uncontended],
@@ -662,10 +682,10 @@ def render(
         BEGIN_MARKER,
         "## etcd locks: distlock, python-etcd3 `Lock`, raw transactions",
         "",
-        f"`{command}` (what `scripts/bench.sh` runs), {started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s in all.",
+        run.when(" (what `scripts/bench.sh etcd` runs)"),
         "",
         *machine,
-        f"- Load average (1 min) when the run started: {load:.1f} (other work on the machine adds noise)",
+        run.load_line(),
         "",
         "One run against one etcd server. Every measurement runs in freshly spawned processes, each with",
         "its own client, connected and warmed up (under contention: one acquisition each) before the clock",
@@ -852,10 +872,7 @@ def measure(
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.etcd_locks", *argv])
-    started = dt.datetime.now(dt.UTC)
-    clock = time.monotonic()
-    load = os.getloadavg()[0]  # before our own processes add to it
+    run = Run.begin("benchmarks.etcd_locks", argv)
     ctx = multiprocessing.get_context("spawn")
     run_id = uuid.uuid4().hex[:8]
 
@@ -866,10 +883,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         uncontended, contended, errors = measure(ctx, etcd, args, run_id, Plan(LABELS, CONTENDERS))
 
     section = render(
-        command=command,
-        started=started,
-        elapsed=time.monotonic() - clock,
-        load=load,
+        run=run,
         machine=machine,
         args=args,
         uncontended=uncontended,

@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import importlib.metadata
 import math
 import multiprocessing
-import os
 import platform
-import shlex
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +45,7 @@ from benchmarks.etcd_locks import (
     LatencyJob,
     Metrics,
     Plan,
+    Run,
     Session,
     Sessions,
     Uncontended,
@@ -337,10 +334,7 @@ def _machine_lines(server: RedisUnderTest) -> list[str]:
 
 def render(
     *,
-    command: str,
-    started: dt.datetime,
-    elapsed: float,
-    load: float,
+    run: Run,
     machine: list[str],
     args: argparse.Namespace,
     uncontended: list[Uncontended],
@@ -351,10 +345,10 @@ def render(
         MARKERS[0],
         "## Redis locks: distlock, redis-py `Lock`, python-redis-lock",
         "",
-        f"`{command}`, {started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s in all.",
+        run.when(),
         "",
         *machine,
-        f"- Load average (1 min) when the run started: {load:.1f} (other work on the machine adds noise)",
+        run.load_line(),
         "",
         "One run against one redis-server. Every measurement runs in freshly spawned processes, each with its",
         "own client, connected and warmed up (under contention: one acquisition each) before the clock and the",
@@ -431,10 +425,7 @@ PLAN = Plan(LABELS, CONTENDERS, RedisLatencyJob, RedisContentionJob, _uncontende
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.redis_locks", *argv])
-    started = dt.datetime.now(dt.UTC)
-    clock = time.monotonic()
-    load = os.getloadavg()[0]  # before our own processes add to it
+    run = Run.begin("benchmarks.redis_locks", argv)
     run_id = uuid.uuid4().hex[:8]
 
     with _server(args, run_id) as server:
@@ -443,10 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         uncontended, contended, errors = measure(multiprocessing.get_context("spawn"), server, args, run_id, PLAN)
 
     section = render(
-        command=command,
-        started=started,
-        elapsed=time.monotonic() - clock,
-        load=load,
+        run=run,
         machine=machine,
         args=args,
         uncontended=uncontended,

@@ -22,12 +22,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime as dt
 import functools
 import importlib.metadata
-import os
 import platform
-import shlex
 import sqlite3
 import sys
 import tempfile
@@ -40,7 +37,7 @@ from sqlalchemy import BigInteger, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import distlock
-from benchmarks.etcd_locks import _checkout, _machine, _ms, _percentile, _ratio, _server, publish
+from benchmarks.etcd_locks import Run, _checkout, _machine, _ms, _percentile, _ratio, _server, publish
 from distlock.testing import PostgresServer
 from distlock_sqla import FencedMixin, claim_one
 
@@ -195,10 +192,7 @@ def _version(dist: str) -> str:
 
 def render(
     *,
-    command: str,
-    started: dt.datetime,
-    elapsed: float,
-    load: float,
+    run: Run,
     machine: list[str],
     args: argparse.Namespace,
     databases: list[Database],
@@ -207,11 +201,11 @@ def render(
         MARKERS[0],
         "## SQLAlchemy: fenced ORM update vs plain ORM update",
         "",
-        f"`{command}`, {started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s in all.",
+        run.when(),
         "",
         *machine,
         *(f"- {d.label}: {d.description}" for d in databases),
-        f"- Load average (1 min) when the run started: {load:.1f} (other work on the machine adds noise)",
+        run.load_line(),
         "",
         "One round: open a `Session`, load row 1, add 1 to a column, commit. *Plain*: a model without the mixin",
         "(same columns). *Fenced flush*: a `FencedMixin` model inside its held lock (acquired once, before",
@@ -267,10 +261,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.sqla_fenced", *argv])
-    started = dt.datetime.now(dt.UTC)
-    clock = time.monotonic()
-    load = os.getloadavg()[0]
+    run = Run.begin("benchmarks.sqla_fenced", argv)
     with (
         tempfile.TemporaryDirectory(prefix="distlock-sqla-bench-") as temp,
         _server(args) as etcd,
@@ -308,10 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Base.metadata.drop_all(conn)
             database.engine.dispose()
     section = render(
-        command=command,
-        started=started,
-        elapsed=time.monotonic() - clock,
-        load=load,
+        run=run,
         machine=machine,
         args=args,
         databases=databases,
