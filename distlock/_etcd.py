@@ -214,8 +214,7 @@ class EtcdBackend:
             try:
                 return call(remaining)
             except ValueError as e:
-                # grpc raises ValueError for a request on a channel that close() shut under us (another thread).
-                if "closed channel" not in str(e):
+                if not _closed_channel(e):
                     raise
                 raise BackendError(f"{what}: the distlock client for {self.description} is closed") from e
             except grpc.RpcError as e:
@@ -396,10 +395,10 @@ class EtcdBackend:
             responses = self._watch.Watch(
                 iter((etcdrpc.WatchRequest(create_request=create),)), timeout=timeout, metadata=self._metadata()
             )
-        except ValueError as e:  # closed under us by another thread: the caller's next read says so
-            if "closed channel" not in str(e):
+        except ValueError as e:
+            if not _closed_channel(e):
                 raise
-            return
+            return  # the caller's next read reports the closed client
         unregister = interrupt.on_fire(responses.cancel)
         try:
             for response in responses:
@@ -527,6 +526,11 @@ def _details(error: grpc.RpcError) -> str:
     details = getattr(error, "details", None)
     text = details() if callable(details) else None
     return str(text) if text else str(error)
+
+
+def _closed_channel(error: ValueError) -> bool:
+    """Whether grpc refused a request because another thread's close() shut the channel under it."""
+    return "closed channel" in str(error)
 
 
 def _is_expired_token(error: grpc.RpcError) -> bool:
