@@ -32,13 +32,13 @@ the fence alone then refuses the stale holder's write.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, TypeVarTuple, overload
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple, overload
 
 from sqlalchemy import Select, delete, insert, select, update
 from sqlalchemy.engine import Connection, Result
 from sqlalchemy.exc import NoResultFound
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ColumnElement, Executable
 
@@ -49,6 +49,12 @@ from ._errors import StaleFenceToken, stale
 from ._flush import FENCED_OPTION
 from ._spec import FenceLike, FenceSpec, required_fence, spec_of, table_spec
 
+if TYPE_CHECKING:
+    # sqlalchemy.ext.asyncio needs greenlet, which SQLAlchemy 2.1 no longer installs: sync users must not need it.
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    AsyncExecutor = AsyncSession | AsyncConnection
+
 __all__ = ["claim", "claim_one", "fenced_delete", "fenced_insert", "fenced_update"]
 
 _Ts = TypeVarTuple("_Ts")
@@ -56,7 +62,6 @@ _M = TypeVar("_M")
 _T = TypeVar("_T")
 
 Executor = Session | Connection
-AsyncExecutor = AsyncSession | AsyncConnection
 _OPTIONS = {FENCED_OPTION: True}
 # Primary keys per statement: far below SQLite's 32766 bound parameters, and short enough to log.
 _CHUNK = 500
@@ -64,10 +69,20 @@ _CHUNK = 500
 PK = tuple[Any, ...]
 
 
+def _is_async(executor: Any) -> bool:
+    """Whether ``executor`` is an ``AsyncSession``/``AsyncConnection``, without importing SQLAlchemy's asyncio.
+
+    An object of those classes exists only once ``sqlalchemy.ext.asyncio`` is imported (and greenlet is installed),
+    so a module that is not loaded yet means a sync executor; importing it here would fail without greenlet.
+    """
+    asyncio_ext = sys.modules.get("sqlalchemy.ext.asyncio")
+    return asyncio_ext is not None and isinstance(executor, asyncio_ext.AsyncSession | asyncio_ext.AsyncConnection)
+
+
 def _run(executor: Any, fn: Callable[..., _T], *args: Any) -> _T | Awaitable[_T]:
     """Call ``fn(sync_executor, *args)``: directly, or in the greenlet of an ``AsyncSession``/``AsyncConnection``."""
-    if isinstance(executor, AsyncSession | AsyncConnection):
-        return executor.run_sync(fn, *args)
+    if _is_async(executor):
+        return executor.run_sync(fn, *args)  # type: ignore[no-any-return]
     if not isinstance(executor, Session | Connection):
         raise ConfigurationError(
             f"fenced operations need a Session or a Connection (or AsyncSession/AsyncConnection), not "
@@ -90,7 +105,7 @@ def claim(executor: Any, statement: Select[*_Ts], *, fence: FenceLike = None) ->
     and limit choose the rows. Objects already in the session are refreshed from the claimed rows. Raises
     ``StaleFenceToken`` (nothing read, no claim kept) when a newer holder has claimed any of them.
     """
-    if isinstance(executor, AsyncSession | AsyncConnection):
+    if _is_async(executor):
         return _claim_async(executor, statement, fence)
     return _run(executor, _claim, statement, fence)
 
