@@ -18,7 +18,8 @@ import grpc
 import pytest
 from etcd3 import etcdrpc
 
-import distlock.testing
+import distlock
+import distlock.testing._base
 from distlock._errors import ConfigurationError
 from distlock.testing import EtcdCluster, EtcdServer, EtcdStartError, HarnessError, parse_prometheus_text
 
@@ -102,7 +103,7 @@ def test_interpreter_exit_kills_an_unclosed_server() -> None:
         "server.start()\n"
         "print(server.pid, server.base_dir)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(distlock.testing.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(distlock.__file__).parents[1])}
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True, env=env
     )
@@ -235,9 +236,9 @@ def test_a_taken_port_is_retried_with_new_ports(monkeypatch: pytest.MonkeyPatch)
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     taken = int(squatter.getsockname()[1])
-    real_free_port = distlock.testing._free_port
+    real_free_port = distlock.testing._base._free_port
     handed = iter([taken])
-    monkeypatch.setattr(distlock.testing, "_free_port", lambda: next(handed, None) or real_free_port())
+    monkeypatch.setattr("distlock.testing._etcd._free_port", lambda: next(handed, None) or real_free_port())
     try:
         with EtcdServer() as server:
             assert server.endpoint != f"127.0.0.1:{taken}"

