@@ -7,6 +7,9 @@
 # $DISTLOCK_REDIS_BIN (a redis-server binary) and $DISTLOCK_PG_BIN (a directory with postgres and initdb) count as
 # present, as does a PostgreSQL in /usr/lib/postgresql/*/bin or pg_ctl on $PATH; so do $DISTLOCK_CHROMIUM_BIN and
 # $DISTLOCK_CHROMEDRIVER_BIN (default /usr/bin/chromium and /usr/bin/chromedriver).
+# PostgreSQL refuses to run as root, and distlock.testing.PostgresServer creates no user unless asked: as root this
+# script creates the system user it runs PostgreSQL as when there is none ($DISTLOCK_PG_USER if set, else
+# distlock-pg when there is no postgres user: a PostgreSQL present without its Debian package's postinst).
 
 distlock_have_redis() {
   if [ -n "${DISTLOCK_REDIS_BIN:-}" ]; then [ -x "$DISTLOCK_REDIS_BIN" ]; else command -v redis-server >/dev/null; fi
@@ -22,6 +25,24 @@ distlock_have_postgres() {
 
 distlock_have_chromium() {
   [ -x "${DISTLOCK_CHROMIUM_BIN:-/usr/bin/chromium}" ] && [ -x "${DISTLOCK_CHROMEDRIVER_BIN:-/usr/bin/chromedriver}" ]
+}
+
+distlock_ensure_pg_user() {
+  [ "$(id -u)" = 0 ] || return 0  # as anybody else PostgreSQL runs as that user
+  local name
+  if [ -n "${DISTLOCK_PG_USER:-}" ]; then
+    name=$DISTLOCK_PG_USER
+  elif id -u postgres >/dev/null 2>&1; then
+    return 0
+  else
+    name=distlock-pg
+  fi
+  id -u "$name" >/dev/null 2>&1 && return 0
+  echo "creating the system user $name to run the test fixtures' PostgreSQL as (it refuses to run as root) ..." >&2
+  if ! useradd --system --no-create-home --home-dir=/nonexistent --shell=/usr/sbin/nologin "$name"; then
+    echo "could not create the user $name: create an unprivileged user and name it in \$DISTLOCK_PG_USER" >&2
+    return 1
+  fi
 }
 
 distlock_ensure_servers() {
@@ -63,6 +84,7 @@ distlock_ensure_servers() {
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -euo pipefail
   distlock_ensure_servers
+  distlock_ensure_pg_user
 else
-  distlock_ensure_servers || exit 1
+  { distlock_ensure_servers && distlock_ensure_pg_user; } || exit 1
 fi

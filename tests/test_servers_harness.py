@@ -7,6 +7,9 @@ where it promises to, gives fresh databases, and leaves no process or directory 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -94,6 +97,81 @@ def test_postgres_keeps_committed_rows_across_kill_and_restart_and_then_closes_c
     if os.geteuid() == 0:  # PostgreSQL refuses root: the harness must have run it as another user
         with pytest.raises(ProcessLookupError):
             os.kill(server.pid, 0)
+
+
+def test_postgres_pause_freezes_the_server_and_its_backends_until_resume(postgres_server: PostgresServer) -> None:
+    with psycopg.connect(postgres_server.dsn, autocommit=True) as session:
+        postgres_server.pause()
+        assert postgres_server.paused
+        backend_state = Path(f"/proc/{session.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert backend_state == "T"  # stopped, not only the postmaster
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(postgres_server.dsn, connect_timeout=1).close()
+        postgres_server.resume()
+        assert not postgres_server.paused
+        assert session.execute("select 1").fetchone() == (1,)
+    assert _select_one(postgres_server.dsn) == 1
+
+
+def _fake_useradd(monkeypatch: pytest.MonkeyPatch, directory: Path) -> Path:
+    """Put a useradd on $PATH that records its arguments and fails (this machine's users stay as they are)."""
+    record = directory / "useradd-args"
+    useradd = directory / "useradd"
+    useradd.write_text(f'#!/bin/sh\necho "$@" > {record}\necho "useradd: not here" >&2\nexit 9\n')
+    useradd.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # as root, PostgreSQL needs an unprivileged user to run as
+    return record
+
+
+def test_postgres_as_root_without_a_user_to_run_as_says_what_to_do_and_creates_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    record = _fake_useradd(monkeypatch, tmp_path)
+    monkeypatch.setenv("DISTLOCK_PG_USER", "distlock-no-such-user")
+    with pytest.raises(ConfigurationError, match=r"no user distlock-no-such-user .*create_user=True") as error:
+        PostgresServer()
+    assert "useradd --system" in str(error.value)
+    assert not record.exists()
+
+
+def test_postgres_create_user_runs_useradd_for_the_user_asked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    record = _fake_useradd(monkeypatch, tmp_path)
+    with pytest.raises(ConfigurationError, match="could not create the user distlock-no-such-user: useradd: not here"):
+        PostgresServer(user="distlock-no-such-user", create_user=True)
+    assert record.read_text().split() == [
+        "--system", "--no-create-home", "--home-dir=/nonexistent", "--shell=/usr/sbin/nologin", "distlock-no-such-user",
+    ]  # fmt: skip
+
+
+def test_postgres_refuses_a_named_user_that_is_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(ConfigurationError, match="the user root is root"):
+        PostgresServer(user="root")
+
+
+def test_command_line_prints_usage_without_a_server() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "distlock.testing"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.startswith("usage: python -m distlock.testing")
+
+
+def test_command_line_serves_until_sigterm_then_removes_the_server() -> None:
+    command = [sys.executable, "-m", "distlock.testing", "redis"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as cli:
+        assert cli.stdout is not None and cli.stderr is not None
+        url = cli.stdout.readline().strip()
+        log = Path(cli.stderr.readline().removeprefix("log: ").strip())
+        with redis.Redis.from_url(url) as client:
+            assert client.ping() is True
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=30) == 0
+    assert url.startswith("redis://127.0.0.1:")
+    assert log.name == "redis.log" and not log.parent.exists()
+    assert _processes_using(log.parent) == []
 
 
 def test_redis_answers_ping_on_its_url(redis_server: RedisServer) -> None:
