@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    # Started in the background by a shell, Python inherits SIGINT ignored: let `kill -INT` stop it like Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     server: EtcdCluster | EtcdServer | RedisServer | PostgresServer
     try:
         if args.server == "etcd":

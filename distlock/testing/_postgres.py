@@ -96,9 +96,9 @@ def _postgres_os_user(name: str | None, create: bool) -> pwd.struct_passwd | Non
         looked = name or " or ".join(_PG_SYSTEM_USERS)
         raise ConfigurationError(
             f"PostgreSQL refuses to run as root, and there is no user {looked} to run it as. Create one as root "
-            f"(`{' '.join(useradd)}`; distlock's scripts/servers.sh does that), name an existing unprivileged user "
-            "with PostgresServer(user=...) or $DISTLOCK_PG_USER, or pass PostgresServer(create_user=True) to have "
-            "it created"
+            f"(`{' '.join(useradd)}`; distlock's scripts/servers.sh creates $DISTLOCK_PG_USER or distlock-pg), "
+            "name an existing unprivileged user with PostgresServer(user=...) or $DISTLOCK_PG_USER, or pass "
+            "PostgresServer(create_user=True) to have it created"
         )
     binary = shutil.which("useradd")
     if binary is None:
