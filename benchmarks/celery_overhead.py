@@ -1,6 +1,6 @@
 """Benchmark: what ``distlock.celery.SingletonTask`` costs per task over a plain Celery task, on the same worker.
 
-One run starts an etcd (fsync on, :func:`benchmarks.etcd_locks._server`, or ``--etcd-url``), a Redis as broker and
+One run starts an etcd (fsync on, :func:`benchmarks._harness.etcd_server`, or ``--etcd-url``), a Redis as broker and
 result backend (``distlock.testing.RedisServer``, or ``--redis-url``) and one Celery worker (prefork, 2 processes)
 running three tasks with empty bodies:
 
@@ -19,7 +19,7 @@ measures, for each task:
 * **throughput**: a burst of calls sent at once, until the last result is in.
 
 The figures are printed and written into ``docs/BENCHMARKS.md`` between the ``celery-overhead`` markers, with the
-machine (through :func:`benchmarks.etcd_locks._machine`). Everything is bounded: a result that does not come within
+machine (through :func:`benchmarks._harness.machine`). Everything is bounded: a result that does not come within
 ``--timeout`` seconds stops the run with an error instead of hanging it.
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import itertools
 import json
 import os
 import signal
@@ -35,20 +36,40 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from celery import Celery, signals
 
-from benchmarks.etcd_locks import Etcd, Run, _breakdown, _machine, _ms, _percentile, _ratio, _server, publish
+from benchmarks._harness import (
+    ETCD_PACKAGES,
+    NA,
+    EtcdUnderTest,
+    Run,
+    Timed,
+    add_etcd_arguments,
+    add_out_argument,
+    breakdown,
+    etcd_server,
+    interleaved,
+    machine,
+    median,
+    ms,
+    per,
+    percentile,
+    publish,
+    ratio,
+    section,
+    summary,
+    table_row,
+)
 from distlock.celery import SingletonTask
 from distlock.testing import RedisServer
 
-MARKERS = ("<!-- celery-overhead:begin -->", "<!-- celery-overhead:end -->")
+NAME = "celery-overhead"
 KINDS = {
     "plain": "plain `@app.task`",
     "run": '`SingletonTask`, `lock_on="run"`',
@@ -153,45 +174,43 @@ class Kind:
 
     def __init__(self, key: str) -> None:
         self.key = key
-        self.round_trips: list[float] = []
+        self.round_trips = Timed()  # the sequential calls: seconds each, etcd RPCs of them all
         self.in_worker: list[float] = []
-        self.rpcs: Counter[str] = Counter()
-        self.calls = 0
         self.burst: tuple[int, float] | None = None  # (calls, seconds)
 
+    @property
+    def calls(self) -> int:
+        return len(self.round_trips.seconds)
+
     def row(self) -> str:
-        trips, work = sorted(self.round_trips), sorted(self.in_worker)
-        rpcs = sum(self.rpcs.values()) / self.calls if self.calls else float("nan")
-        rate = f"{self.burst[0] / self.burst[1]:.0f}" if self.burst else "n/a"
-        cells = [
-            KINDS[self.key],
-            str(len(trips)),
-            _ms(_percentile(trips, 50)),
-            _ms(_percentile(trips, 99)),
-            _ms(_percentile(work, 50)),
-            _ms(_percentile(work, 99)),
-            f"{rpcs:.2f}",
-            _breakdown(self.rpcs, self.calls),
-            rate,
-        ]
-        return f"| {' | '.join(cells)} |"
+        trips, work, rpcs = self.round_trips.seconds, self.in_worker, self.round_trips.requests
+        rate = f"{self.burst[0] / self.burst[1]:.0f}" if self.burst else NA
+        return table_row(
+            [
+                KINDS[self.key],
+                str(len(trips)),
+                ms(percentile(trips, 50)),
+                ms(percentile(trips, 99)),
+                ms(percentile(work, 50)),
+                ms(percentile(work, 99)),
+                f"{per(rpcs.total(), self.calls):.2f}",
+                breakdown(rpcs, self.calls),
+                rate,
+            ]
+        )
 
 
-def _sequential(app: Celery, etcd: Etcd, kinds: dict[str, Kind], rounds: int, block: int, timeout: float) -> None:
-    order = list(kinds)
-    counter = 0
-    for number in range(max(1, rounds // block)):
-        rotated = order[number % len(order) :] + order[: number % len(order)]
-        for key in rotated:
-            task = app.tasks[f"bench.{key}"]
-            before = etcd.metrics.rpcs()
-            for _ in range(block):
-                counter += 1
-                start = time.perf_counter()
-                task.delay(counter).get(timeout=timeout)
-                kinds[key].round_trips.append(time.perf_counter() - start)
-            kinds[key].rpcs += etcd.metrics.rpcs() - before
-            kinds[key].calls += block
+def _sequential(app: Celery, etcd: EtcdUnderTest, kinds: dict[str, Kind], args: argparse.Namespace) -> None:
+    """``--warmup`` calls of each task, then ``--rounds`` each, one at a time, :func:`interleaved`."""
+    numbers = itertools.count(1)
+
+    def call(key: str) -> Callable[[], object]:
+        task = app.tasks[f"bench.{key}"]
+        return lambda: task.delay(next(numbers)).get(timeout=args.timeout)
+
+    runs = {key: call(key) for key in kinds}
+    for key, timed in interleaved(runs, args.rounds, args.warmup, args.block, etcd.counters).items():
+        kinds[key].round_trips = timed
 
 
 def _burst(app: Celery, kind: Kind, calls: int, first: int, timeout: float) -> None:
@@ -221,18 +240,16 @@ def _worker_timings(path: Path, kinds: dict[str, Kind], skip: Counter[str]) -> N
 def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
     plain = kinds["plain"]
     lines = [
-        MARKERS[0],
-        "## Celery: `SingletonTask` over a plain task, same worker",
-        "",
-        run.when(),
-        "",
-        *machine,
-        f"- celery {importlib.metadata.version('celery')}, kombu {importlib.metadata.version('kombu')}, "
-        f"redis-py {importlib.metadata.version('redis')}; Redis as broker and result backend "
-        "(`distlock.testing.RedisServer`, loopback, no persistence)",
-        f"- One worker: prefork, 2 processes, prefetch 1; lock TTL {TTL:g} s",
-        run.load_line(),
-        "",
+        *run.heading(
+            "## Celery: `SingletonTask` over a plain task, same worker",
+            [
+                *machine,
+                f"- celery {importlib.metadata.version('celery')}, kombu {importlib.metadata.version('kombu')}, "
+                f"redis-py {importlib.metadata.version('redis')}; Redis as broker and result backend "
+                "(`distlock.testing.RedisServer`, loopback, no persistence)",
+                f"- One worker: prefork, 2 processes, prefetch 1; lock TTL {TTL:g} s",
+            ],
+        ),
         "Task bodies are empty and every call has its own lock name, so nothing waits for a lock: the difference to",
         "the plain task is what taking and releasing the lock costs. *Round trip*: `task.delay(i).get()`, one call",
         "at a time from the benchmark process (blocks of calls, the tasks taking turns). *In the worker*: Celery's",
@@ -250,13 +267,13 @@ def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
     ]
     for key in ("run", "enqueue"):
         kind = kinds[key]
-        trip = _percentile(sorted(kind.round_trips), 50) - _percentile(sorted(plain.round_trips), 50)
-        work = _percentile(sorted(kind.in_worker), 50) - _percentile(sorted(plain.in_worker), 50)
-        rate = "n/a"
+        trip = median(kind.round_trips.seconds) - median(plain.round_trips.seconds)
+        work = median(kind.in_worker) - median(plain.in_worker)
+        rate = NA
         if kind.burst and plain.burst:
-            rate = _ratio(kind.burst[0] / kind.burst[1], plain.burst[0] / plain.burst[1])
+            rate = ratio(kind.burst[0] / kind.burst[1], plain.burst[0] / plain.burst[1])
         lines.append(
-            f"- {KINDS[key]}: +{_ms(trip)} ms per round trip (median), +{_ms(work)} ms in the worker (median); "
+            f"- {KINDS[key]}: +{ms(trip)} ms per round trip (median), +{ms(work)} ms in the worker (median); "
             f"burst throughput {rate} of the plain task's"
         )
     lines += [
@@ -266,23 +283,21 @@ def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
         "after sending, then after 5 % of the reservation's age, at least every 100 ms) sees it and releases the",
         "reservation. In a burst the tasks wait in the queue, their reservations age, and each worker process idles",
         'up to 100 ms per task for its handover: `lock_on="run"` is the mode for many short tasks.',
-        MARKERS[1],
     ]
-    return "\n".join(lines) + "\n"
+    return section(NAME, lines)
 
 
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser("python -m benchmarks.celery_overhead", description=__doc__.split("\n\n")[0])
+def _parse_args(run: Run) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(run.prog, description=summary(__doc__))
     parser.add_argument("--rounds", type=int, default=300, help="sequential calls per task (default 300)")
     parser.add_argument("--block", type=int, default=25, help="calls per block (default 25)")
     parser.add_argument("--warmup", type=int, default=20, help="warm-up calls per task (default 20)")
     parser.add_argument("--burst", type=int, default=300, help="calls per burst (default 300)")
     parser.add_argument("--timeout", type=float, default=60.0, help="longest wait for one result, s (default 60)")
-    parser.add_argument("--out", type=Path, default=Path("docs/BENCHMARKS.md"), help="file to update")
-    parser.add_argument("--etcd-url", help="use this etcd (etcd://HOST:PORT) instead of starting one")
-    parser.add_argument("--metrics-url", help="its Prometheus metrics (default http://HOST:PORT/metrics)")
+    add_out_argument(parser)
+    add_etcd_arguments(parser)
     parser.add_argument("--redis-url", help="use this Redis (redis://HOST:PORT) as broker and result backend")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(run.argv)
     if min(args.rounds, args.block, args.burst) < 1 or args.warmup < 0:
         parser.error("--rounds, --block and --burst must be positive, --warmup not negative")
     return args
@@ -304,42 +319,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["--as-worker"]:
         _worker_main(argv[1:])
         return 0
-    args = _parse_args(argv)
     run = Run.begin("benchmarks.celery_overhead", argv)
-    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    args = _parse_args(run)
+    queue = f"bench-{run.id}"
     kinds = {key: Kind(key) for key in KINDS}
 
     with (
         tempfile.TemporaryDirectory(prefix="distlock-celery-bench-") as temp,
-        _server(args) as etcd,
+        etcd_server(args) as etcd,
         _redis(args.redis_url) as redis_base,
     ):
         scratch = Path(temp)
         timings = scratch / "worker-timings.jsonl"
-        machine = _machine(etcd)
-        print("\n".join(machine), flush=True)
+        lines = machine(etcd, ETCD_PACKAGES)
+        print("\n".join(lines), flush=True)
         urls = (f"{redis_base}/0", f"{redis_base}/1", etcd.url, queue)
         app = make_app(*urls)
         with _worker(urls, timings, scratch / "worker.log", app, args.timeout):
-            warm: Counter[str] = Counter()
-            for key in kinds:
-                for n in range(args.warmup):
-                    app.tasks[f"bench.{key}"].delay(-1 - n).get(timeout=args.timeout)
-                warm[key] = args.warmup + (1 if key == "plain" else 0)  # plus the worker's readiness check
-            _sequential(app, etcd, kinds, args.rounds, args.block, args.timeout)
+            _sequential(app, etcd, kinds, args)
             for number, kind in enumerate(kinds.values()):
                 _burst(app, kind, args.burst, 10_000_000 * (number + 1), args.timeout)
+        # The worker ran the warm-up calls first, and one plain call before them: the check that it answers.
+        warm = Counter({key: args.warmup + (1 if key == "plain" else 0) for key in kinds})
         _worker_timings(timings, kinds, warm)
         app.close()
 
     for kind in kinds.values():
         print(kind.row(), flush=True)
-    section = render(
-        run=run,
-        machine=machine,
-        kinds=kinds,
-    )
-    publish(args.out, section, MARKERS)
+    publish(args.out, NAME, render(run=run, machine=lines, kinds=kinds))
     return 0
 
 

@@ -9,10 +9,10 @@
   saves it. *Plain*: a model without the mixin (same fields, ``fence_token`` included). *Fenced*: a
   ``FencedModel`` inside its held lock (acquired once before measuring, as in :mod:`benchmarks.sqla_fenced`): the
   save is ``UPDATE ... WHERE pk = :pk AND fence_token <= :t``. *Claim + fenced save*: the row read with
-  ``.fenced()`` (claimed with the token first, DESIGN §3), then saved, for information; and plain and fenced
+  ``.fenced()`` (claimed with the token first, then read), then saved, for information; and plain and fenced
   again with the round inside ``transaction.atomic()``.
 
-Every variant runs in one process, interleaved in blocks whose order rotates (:func:`benchmarks.sqla_fenced.
+Every variant runs in one process, interleaved in blocks whose order rotates (:func:`benchmarks._harness.
 interleaved`). Django is configured in-process; the benchmark's models belong to the app ``benchmarks``. etcd is
 started by :class:`distlock.testing.EtcdServer` with fsync on (or ``--etcd-url``), PostgreSQL by
 :class:`distlock.testing.PostgresServer` (or ``--postgres-url``); SQLite is a file in a temporary directory. Results
@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sqlite3
-import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -38,13 +35,33 @@ from django.test import Client
 from django.urls import URLPattern, path
 from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks.etcd_locks import Run, _machine, _ms, _percentile, _ratio, _server, publish
-from benchmarks.sqla_fenced import _postgres, _version, database_arguments, interleaved
+from benchmarks._harness import (
+    ETCD_PACKAGES,
+    SQLITE_DESCRIPTION,
+    Run,
+    Timed,
+    Variants,
+    database_arguments,
+    database_servers,
+    interleaved,
+    latency_cells,
+    machine,
+    median,
+    ms,
+    publish,
+    ratio,
+    section,
+    summary,
+    table_row,
+    target,
+    variants_table,
+    verdict,
+)
 
 if TYPE_CHECKING:
     from distlock_django import FencedModel  # a model class: importable only once Django is set up
 
-MARKERS = ("<!-- django-overhead:begin -->", "<!-- django-overhead:end -->")
+NAME = "django-overhead"
 APP = "benchmarks"  # the benchmark's models' app: this package, an installed app without a models module
 ROW = 1
 LOCK = "bench:{pk}"
@@ -204,15 +221,9 @@ def request_runs() -> dict[str, Callable[[], object]]:
 # --- 2. fenced save(), per database --------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Database:
+@dataclasses.dataclass(kw_only=True)
+class Database(Variants):
     alias: str
-    label: str
-    description: str
-    seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
-
-    def median(self, variant: str) -> float:
-        return _percentile(sorted(self.seconds[variant]), 50)
 
 
 def save_runs(alias: str, rows: Models) -> dict[str, Callable[[], object]]:
@@ -249,54 +260,45 @@ def save_runs(alias: str, rows: Models) -> dict[str, Callable[[], object]]:
 # --- report --------------------------------------------------------------------------------------------------
 
 
-def _cells(label: str, samples: list[float]) -> list[str]:
-    ordered = sorted(samples)
-    return [label, str(len(ordered)), _ms(_percentile(ordered, 50)), _ms(_percentile(ordered, 99))]
+def request_rows(requests: dict[str, Timed]) -> list[str]:
+    return [table_row(latency_cells(label, requests[key].seconds)) for key, label in REQUESTS.items()]
 
 
-def request_rows(seconds: dict[str, list[float]]) -> list[str]:
-    return [f"| {' | '.join(_cells(label, seconds[key]))} |" for key, label in REQUESTS.items()]
+def decorator_lines(requests: dict[str, Timed]) -> list[str]:
+    def median_of(key: str) -> float:
+        return median(requests[key].seconds)
 
-
-def decorator_lines(seconds: dict[str, list[float]]) -> list[str]:
-    def median(key: str) -> float:
-        return _percentile(sorted(seconds[key]), 50)
-
-    overhead, lock = median("decorated") - median("plain"), median("lock")
-    by_hand = median("hand") - median("plain")
-    own = median("decorated") - median("hand")
+    overhead, lock = median_of("decorated") - median_of("plain"), median_of("lock")
+    by_hand = median_of("hand") - median_of("plain")
+    own = median_of("decorated") - median_of("hand")
     # The same two RPCs cost more around a request than back to back (the interpreter and CPU caches are cold after
     # the view's work), so the target is judged against both measures of "the lock's own acquire+release".
-    back_to_back = "met" if overhead <= lock + SLACK else "**missed**"
-    in_context = "met" if overhead <= by_hand + SLACK else "**missed**"
+    back_to_back = verdict(overhead <= lock + SLACK)
+    in_context = verdict(overhead <= by_hand + SLACK)
     return [
-        f"- decorator overhead (decorated {MINUS} plain median) {_ms(overhead)} ms vs the lock's own acquire+release "
-        f"back to back {_ms(lock)} ms; target ≤ {_ms(lock)} + {SLACK * 1000:.1f} ms: {back_to_back}",
-        f"- the same lock taken by hand around the plain view's request: +{_ms(by_hand)} ms over the plain view; "
-        f"target against that ≤ {_ms(by_hand)} + {SLACK * 1000:.1f} ms: {in_context}",
-        f"- decorated {MINUS} hand-locked median: {_ms(own)} ms (the decorator's own code: template, key prefix, "
+        f"- decorator overhead (decorated {MINUS} plain median) {ms(overhead)} ms vs the lock's own acquire+release "
+        f"back to back {ms(lock)} ms; target ≤ {ms(lock)} + {SLACK * 1000:.1f} ms: {back_to_back}",
+        f"- the same lock taken by hand around the plain view's request: +{ms(by_hand)} ms over the plain view; "
+        f"target against that ≤ {ms(by_hand)} + {SLACK * 1000:.1f} ms: {in_context}",
+        f"- decorated {MINUS} hand-locked median: {ms(own)} ms (the decorator's own code: template, key prefix, "
         "transaction hook, status mapping)",
     ]
 
 
 def save_rows(database: Database) -> list[str]:
-    lines = []
-    for key, label in SAVES.items():
-        cells = _cells(label, database.seconds[key])
-        cells.insert(0, database.label)
-        base = "plain_atomic" if key.endswith("_atomic") else "plain"
-        cells.append(_ratio(database.median(key), database.median(base)))
-        lines.append(f"| {' | '.join(cells)} |")
-    return lines
+    """Each save variant, its median ÷ the plain save's (in ``atomic()``: ÷ the plain save's in ``atomic()``)."""
+    return [
+        database.row(key, label, "plain_atomic" if key.endswith("_atomic") else "plain") for key, label in SAVES.items()
+    ]
 
 
 def save_lines(database: Database) -> list[str]:
-    ratio = database.median("fenced") / database.median("plain")
-    bound = f" (target ≤ {TARGET:.2f}x: {'met' if ratio <= TARGET else '**missed**'})" if database.alias == "pg" else ""
-    claimed = _ratio(database.median("claimed"), database.median("plain"))
-    atomic = _ratio(database.median("fenced_atomic"), database.median("plain_atomic"))
+    fenced = database.median("fenced") / database.median("plain")
+    bound = target(fenced, TARGET) if database.alias == "pg" else ""
+    claimed = ratio(database.median("claimed"), database.median("plain"))
+    atomic = ratio(database.median("fenced_atomic"), database.median("plain_atomic"))
     return [
-        f"- {database.label} fenced save ÷ plain: {ratio:.2f}x{bound}",
+        f"- {database.label} fenced save ÷ plain: {fenced:.2f}x{bound}",
         f"- {database.label} claim + fenced save ÷ plain: {claimed}",
         f"- {database.label} fenced save ÷ plain, both inside `transaction.atomic()`: {atomic}",
     ]
@@ -307,19 +309,14 @@ def render(
     run: Run,
     machine: list[str],
     args: argparse.Namespace,
-    requests: dict[str, list[float]],
+    requests: dict[str, Timed],
     databases: list[Database],
 ) -> str:
     lines = [
-        MARKERS[0],
-        "## Django: `@distributed_lock` per request, fenced `save()` vs plain `save()`",
-        "",
-        run.when(),
-        "",
-        *machine,
-        *(f"- {d.label}: {d.description}" for d in databases),
-        run.load_line(),
-        "",
+        *run.heading(
+            "## Django: `@distributed_lock` per request, fenced `save()` vs plain `save()`",
+            [*machine, *(f"- {d.label}: {d.description}" for d in databases)],
+        ),
         f"{args.rounds} rounds per variant after {args.warmup} warm-up rounds, interleaved in blocks of",
         f"{args.block} (the order rotating), all in one process.",
         "",
@@ -346,39 +343,27 @@ def render(
         "One round: `Model.objects.get(pk=1)`, add 1 to a field, `save()`. *Plain*: a model without the mixin (same",
         "fields). *Fenced*: a `FencedModel` inside its held lock (acquired once, before measuring): `save()` writes",
         "`UPDATE ... SET value, fence_token = :t WHERE id = :id AND fence_token <= :t`. *Claim + fenced*:",
-        "`Model.objects.filter(pk=1).fenced().get()` (claims the row with the token, then reads it; DESIGN §3)",
+        "`Model.objects.filter(pk=1).fenced().get()` (claims the row with the token, then reads it)",
         "instead of `get()`, then the same `save()`. Both saves of an existing row are one `UPDATE` in autocommit",
         "(the fenced one opens a transaction only for a model with multi-table parents, as Django's `save()` does).",
         "The *in `atomic()`* variants run the whole round inside the caller's transaction (as `ATOMIC_REQUESTS`",
         "would); their ratio is to the plain `save()` in `atomic()`.",
         "",
-        "| Database | variant | rounds | median ms | p99 ms | median ÷ plain |",
-        "|---|---|---:|---:|---:|---:|",
-        *(row for d in databases for row in save_rows(d)),
+        *variants_table(row for d in databases for row in save_rows(d)),
         "",
         "### Ratios",
         "",
         *decorator_lines(requests),
         *(line for d in databases for line in save_lines(d)),
-        MARKERS[1],
     ]
-    return "\n".join(lines) + "\n"
-
-
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    return database_arguments("python -m benchmarks.django_overhead", __doc__.split("\n\n")[0], argv)
+    return section(NAME, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parse_args(argv)
     run = Run.begin("benchmarks.django_overhead", argv)
-    with (
-        tempfile.TemporaryDirectory(prefix="distlock-django-bench-") as temp,
-        _server(args) as etcd,
-        _postgres(args) as (postgres_url, postgres_description),
-    ):
-        configure(Path(temp) / "bench.sqlite3", postgres_url, etcd.url)
+    args = database_arguments(run, summary(__doc__))
+    with database_servers(args, "distlock-django-bench-") as servers:
+        configure(servers.scratch / "bench.sqlite3", servers.postgres_url, servers.etcd.url)
         from distlock_django import get_client, lock_name, reset_client
 
         rows = define_models()
@@ -386,22 +371,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             cursor.execute("SHOW server_version")
             pg_version = cursor.fetchone()[0]
         databases = [
-            Database(
-                "default",
-                "SQLite",
-                f"{sqlite3.sqlite_version} (pysqlite), a file in a temporary directory, WAL, synchronous=NORMAL",
-            ),
-            Database(
-                "pg",
-                "PostgreSQL",
-                f"{pg_version} via psycopg {_version('psycopg')}, {postgres_description}",
-            ),
+            Database(alias="default", label="SQLite", description=SQLITE_DESCRIPTION),
+            Database(alias="pg", label="PostgreSQL", description=servers.postgres_description(pg_version)),
         ]
-        machine = [
-            *_machine(etcd),
+        lines = [
+            *machine(servers.etcd, ETCD_PACKAGES),
             f"- Django {django.get_version()}, `DEBUG = False`, persistent connections (`CONN_MAX_AGE = None`)",
         ]
-        print("\n".join(machine), flush=True)
+        print("\n".join(lines), flush=True)
         try:
             for database in databases:
                 create_tables(database.alias, rows)
@@ -410,23 +387,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(request_rows(requests) + decorator_lines(requests)), flush=True)
             with get_client().lock(lock_name(FENCE_LOCK.format(pk=ROW)), ttl=60):
                 for database in databases:
-                    database.seconds = interleaved(
-                        save_runs(database.alias, rows), args.rounds, args.warmup, args.block
-                    )
+                    database.timed = interleaved(save_runs(database.alias, rows), args.rounds, args.warmup, args.block)
                     print("\n".join(save_rows(database)), flush=True)
         finally:
             for database in databases:
                 drop_tables(database.alias, rows)
             connections.close_all()
             reset_client()
-    section = render(
-        run=run,
-        machine=machine,
-        args=args,
-        requests=requests,
-        databases=databases,
-    )
-    publish(args.out, section, MARKERS)
+    report = render(run=run, machine=lines, args=args, requests=requests, databases=databases)
+    publish(args.out, NAME, report)
     return 0
 
 

@@ -5,31 +5,25 @@ One round is what an application does per request: open a ``Session``, load one 
 * **plain**: a model without the mixin (same columns, ``fence_token`` included, so rows are as wide);
 * **fenced flush**: a ``FencedMixin`` model, inside its held lock: the flush finds the lock through the contextvar,
   renders the row's lock name, and writes ``SET value, fence_token = :t WHERE id = :id AND fence_token = :read``;
-* **claim + fenced flush**: the read-modify-write DESIGN §3 asks for: ``claim_one`` (one claiming
-  ``UPDATE ... RETURNING``) instead of ``session.get``, then the same flush;
+* **claim + fenced flush**: the read-modify-write that docs/GUARANTEES.md asks for (the row claimed before it is
+  read): ``claim_one`` (one claiming ``UPDATE ... RETURNING``) instead of ``session.get``, then the same flush;
 * **fenced flush with a server_default** on ``fence_token``: why ``FencedMixin``'s column has none (SQLAlchemy reads
   a server-defaulted version column back after every UPDATE).
 
 The lock is acquired once before measuring and held throughout (its acquisition is the etcd benchmark's subject,
 not this one's). All variants run in one process, interleaved in blocks whose order rotates, so a slow spell of
-the shared machine hits them alike. Results are printed and written into ``docs/BENCHMARKS.md`` between the
-``sqla-fenced`` markers. PostgreSQL is started by :class:`distlock.testing.PostgresServer` (or ``--postgres-url``),
-etcd by :class:`distlock.testing.EtcdServer` (or ``--etcd-url``), SQLite is a file in a temporary directory.
+the shared machine hits them alike (:func:`benchmarks._harness.interleaved`). Results are printed and written into
+``docs/BENCHMARKS.md`` between the ``sqla-fenced`` markers. PostgreSQL is started by
+:class:`distlock.testing.PostgresServer` (or ``--postgres-url``), etcd by :class:`distlock.testing.EtcdServer` with
+fsync on (or ``--etcd-url``), SQLite is a file in a temporary directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
-import importlib.metadata
-import platform
-import sqlite3
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +31,25 @@ from sqlalchemy import BigInteger, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import distlock
-from benchmarks.etcd_locks import Run, _checkout, _machine, _ms, _percentile, _ratio, _server, publish
-from distlock.testing import PostgresServer
+from benchmarks._harness import (
+    SQLITE_DESCRIPTION,
+    Run,
+    Variants,
+    cpu_line,
+    database_arguments,
+    database_servers,
+    interleaved,
+    publish,
+    ratio,
+    section,
+    software_line,
+    summary,
+    target,
+    variants_table,
+)
 from distlock_sqla import FencedMixin, claim_one
 
-MARKERS = ("<!-- sqla-fenced:begin -->", "<!-- sqla-fenced:end -->")
+NAME = "sqla-fenced"
 ROW = 1
 TARGET = 1.15  # fenced flush ÷ plain, PostgreSQL median: the issue's bound
 
@@ -101,62 +109,22 @@ VARIANTS: dict[str, tuple[str, Callable[[Engine], None]]] = {
 }
 
 
-@dataclasses.dataclass
-class Database:
-    label: str
+@dataclasses.dataclass(kw_only=True)
+class Database(Variants):
     engine: Engine
-    description: str
-    seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
-
-    def median(self, variant: str) -> float:
-        return _percentile(sorted(self.seconds[variant]), 50)
 
     def rows(self) -> list[str]:
-        lines = []
-        for key, (label, _) in VARIANTS.items():
-            samples = sorted(self.seconds[key])
-            cells = [
-                self.label,
-                label,
-                str(len(samples)),
-                _ms(_percentile(samples, 50)),
-                _ms(_percentile(samples, 99)),
-                _ratio(self.median(key), self.median("plain")),
-            ]
-            lines.append(f"| {' | '.join(cells)} |")
-        return lines
+        return [self.row(key, label, "plain") for key, (label, _) in VARIANTS.items()]
 
 
-def interleaved(
-    runs: Mapping[str, Callable[[], object]], rounds: int, warmup: int, block: int
-) -> dict[str, list[float]]:
-    """The seconds of ``rounds`` calls of each of ``runs``, after ``warmup`` calls of each: interleaved blocks of
-    ``block`` calls per run, the order rotating from block to block, so a slow spell hits them alike."""
-    keys = list(runs)
-    for key in keys:
-        for _ in range(warmup):
-            runs[key]()
-    seconds: dict[str, list[float]] = {key: [] for key in keys}
-    clock = time.perf_counter
-    for k, done in enumerate(range(0, rounds, block)):
-        shift = k % len(keys)
-        for key in keys[shift:] + keys[:shift]:
-            run, samples = runs[key], seconds[key]
-            for _ in range(min(block, rounds - done)):
-                t0 = clock()
-                run()
-                samples.append(clock() - t0)
-    return seconds
-
-
-def measure(database: Database, rounds: int, warmup: int, block: int) -> None:
+def measure_database(database: Database, rounds: int, warmup: int, block: int) -> None:
     """Every variant on ``database``, :func:`interleaved`."""
     Base.metadata.create_all(database.engine)
     with Session(database.engine) as session:
         session.add_all([PlainRow(id=ROW), FencedRow(id=ROW), ServerDefaultRow(id=ROW)])
         session.commit()
     runs = {key: functools.partial(run, database.engine) for key, (_, run) in VARIANTS.items()}
-    database.seconds = interleaved(runs, rounds, warmup, block)
+    database.timed = interleaved(runs, rounds, warmup, block)
 
 
 def sqlite_engine(path: Path) -> Engine:
@@ -172,24 +140,6 @@ def sqlite_engine(path: Path) -> Engine:
     return engine
 
 
-@contextlib.contextmanager
-def _postgres(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    if args.postgres_url:
-        yield args.postgres_url, "an existing server"
-        return
-    settings = {"fsync": "on", "full_page_writes": "on"} if args.fsync else {}
-    with PostgresServer(settings=settings) as server:
-        fsync = "fsync on" if args.fsync else "fsync off (synchronous_commit on)"
-        yield server.dsn, f"started by `distlock.testing.PostgresServer` on loopback, {fsync}"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def render(
     *,
     run: Run,
@@ -198,113 +148,70 @@ def render(
     databases: list[Database],
 ) -> str:
     lines = [
-        MARKERS[0],
-        "## SQLAlchemy: fenced ORM update vs plain ORM update",
-        "",
-        run.when(),
-        "",
-        *machine,
-        *(f"- {d.label}: {d.description}" for d in databases),
-        run.load_line(),
-        "",
+        *run.heading(
+            "## SQLAlchemy: fenced ORM update vs plain ORM update",
+            [*machine, *(f"- {d.label}: {d.description}" for d in databases)],
+        ),
         "One round: open a `Session`, load row 1, add 1 to a column, commit. *Plain*: a model without the mixin",
         "(same columns). *Fenced flush*: a `FencedMixin` model inside its held lock (acquired once, before",
         "measuring): the flush writes `SET value, fence_token = :t WHERE id = :id AND fence_token = :read`.",
         "*Claim + fenced flush*: `claim_one()` (one claiming `UPDATE ... RETURNING`) instead of `session.get()`,",
-        'the read-modify-write of DESIGN §3. The last variant declares `server_default="0"` on `fence_token`, which',
+        'the row claimed before it is read. The last variant declares `server_default="0"` on `fence_token`, which',
         "`FencedMixin` does not: SQLAlchemy then reads the version column back (`RETURNING`) after every UPDATE.",
         f"{args.rounds} rounds per variant after {args.warmup} warm-up rounds,",
         f"interleaved in blocks of {args.block} (the order rotating), all in one process.",
         "",
-        "| Database | variant | rounds | median ms | p99 ms | median ÷ plain |",
-        "|---|---|---:|---:|---:|---:|",
-        *(row for d in databases for row in d.rows()),
+        *variants_table(row for d in databases for row in d.rows()),
         "",
         "### Ratios",
         "",
     ]
     for d in databases:
-        ratio = d.median("fenced") / d.median("plain")
-        bound = (
-            f" (target ≤ {TARGET:.2f}x: {'met' if ratio <= TARGET else '**missed**'})" if "Postgre" in d.label else ""
-        )
-        lines.append(f"- {d.label}, fenced flush ÷ plain, median: {ratio:.2f}x{bound}")
-        claim_ratio = _ratio(d.median("claimed"), d.median("plain"))
+        fenced = d.median("fenced") / d.median("plain")
+        bound = target(fenced, TARGET) if "Postgre" in d.label else ""
+        lines.append(f"- {d.label}, fenced flush ÷ plain, median: {fenced:.2f}x{bound}")
+        claim_ratio = ratio(d.median("claimed"), d.median("plain"))
         lines.append(f"- {d.label}, claim + fenced flush ÷ plain, median: {claim_ratio}")
-        default_ratio = _ratio(d.median("server_default"), d.median("fenced"))
+        default_ratio = ratio(d.median("server_default"), d.median("fenced"))
         lines.append(f"- {d.label}, fenced flush with a `server_default` ÷ without, median: {default_ratio}")
-    lines.append(MARKERS[1])
-    return "\n".join(lines) + "\n"
-
-
-def database_arguments(prog: str, description: str, argv: Sequence[str]) -> argparse.Namespace:
-    """Parse the options of a database benchmark (this one, :mod:`benchmarks.django_overhead`)."""
-    parser = argparse.ArgumentParser(prog, description=description)
-    parser.add_argument("--rounds", type=int, default=2000, help="rounds per variant and database (default 2000)")
-    parser.add_argument("--warmup", type=int, default=200, help="warm-up rounds per variant (default 200)")
-    parser.add_argument("--block", type=int, default=25, help="rounds per interleaved block (default 25)")
-    parser.add_argument("--fsync", action="store_true", help="start PostgreSQL with fsync on (default off)")
-    parser.add_argument("--postgres-url", help="use this PostgreSQL (postgresql://...) instead of starting one")
-    parser.add_argument("--etcd-url", help="use this etcd (etcd://HOST:PORT) instead of starting one")
-    parser.add_argument("--metrics-url", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=Path("docs/BENCHMARKS.md"), help="file to update")
-    args = parser.parse_args(argv)
-    if args.rounds < 1 or args.warmup < 0 or args.block < 1:
-        parser.error("--rounds and --block must be positive, --warmup not negative")
-    return args
-
-
-def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    return database_arguments("python -m benchmarks.sqla_fenced", __doc__.split("\n\n")[0], argv)
+    return section(NAME, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parse_args(argv)
     run = Run.begin("benchmarks.sqla_fenced", argv)
+    args = database_arguments(run, summary(__doc__))
     with (
-        tempfile.TemporaryDirectory(prefix="distlock-sqla-bench-") as temp,
-        _server(args) as etcd,
-        _postgres(args) as (postgres_url, postgres_description),
-        distlock.connect(etcd.url) as client,
+        database_servers(args, "distlock-sqla-bench-") as servers,
+        distlock.connect(servers.etcd.url) as client,
         client.lock(f"bench-sqla:{ROW}", ttl=60),
     ):
-        pg_engine = create_engine(make_url(postgres_url).set(drivername="postgresql+psycopg"))
+        pg_engine = create_engine(make_url(servers.postgres_url).set(drivername="postgresql+psycopg"))
         with pg_engine.connect() as conn:
             pg_version = str(conn.execute(text("SHOW server_version")).scalar())
         databases = [
             Database(
-                "SQLite",
-                sqlite_engine(Path(temp) / "bench.sqlite3"),
-                f"{sqlite3.sqlite_version} (pysqlite), a file in a temporary directory, WAL, synchronous=NORMAL",
+                label="SQLite",
+                description=SQLITE_DESCRIPTION,
+                engine=sqlite_engine(servers.scratch / "bench.sqlite3"),
             ),
             Database(
-                "PostgreSQL",
-                pg_engine,
-                f"{pg_version} via psycopg {_version('psycopg')}, {postgres_description}",
+                label="PostgreSQL",
+                description=servers.postgres_description(pg_version),
+                engine=pg_engine,
             ),
         ]
-        machine = [
-            _machine(etcd)[0],
-            f"- Python {platform.python_version()}, SQLAlchemy {_version('sqlalchemy')}, "
-            f"distlock {distlock.__version__} ({_checkout()})",
-        ]
+        machine = [cpu_line(), software_line({"SQLAlchemy": "sqlalchemy"})]
         print("\n".join(machine), flush=True)
         for database in databases:
-            measure(database, args.rounds, args.warmup, args.block)
+            measure_database(database, args.rounds, args.warmup, args.block)
             print("\n".join(database.rows()), flush=True)
             database.engine.dispose()
         for database in databases:
             with database.engine.begin() as conn:
                 Base.metadata.drop_all(conn)
             database.engine.dispose()
-    section = render(
-        run=run,
-        machine=machine,
-        args=args,
-        databases=databases,
-    )
-    publish(args.out, section, MARKERS)
+    report = render(run=run, machine=machine, args=args, databases=databases)
+    publish(args.out, NAME, report)
     return 0
 
 
