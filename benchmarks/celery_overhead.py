@@ -26,7 +26,6 @@ machine (through :func:`benchmarks._harness.machine`). Everything is bounded: a 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import itertools
 import json
 import os
@@ -58,6 +57,7 @@ from benchmarks._harness import (
     machine,
     median,
     ms,
+    package_version,
     per,
     percentile,
     publish,
@@ -244,8 +244,8 @@ def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
             "## Celery: `SingletonTask` over a plain task, same worker",
             [
                 *machine,
-                f"- celery {importlib.metadata.version('celery')}, kombu {importlib.metadata.version('kombu')}, "
-                f"redis-py {importlib.metadata.version('redis')}; Redis as broker and result backend "
+                f"- celery {package_version('celery')}, kombu {package_version('kombu')}, "
+                f"redis-py {package_version('redis')}; Redis as broker and result backend "
                 "(`distlock.testing.RedisServer`, loopback, no persistence)",
                 f"- One worker: prefork, 2 processes, prefetch 1; lock TTL {TTL:g} s",
             ],
