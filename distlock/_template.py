@@ -5,15 +5,21 @@ fails at import time; it is rendered per call from named values, so a missing va
 ``InvalidKeyTemplate`` naming the template and what was available. Fields are names with optional attribute access
 (``{request.user.pk}``) or item access (``{data[id]}``); no conversions or format specs, since a lock name must not
 change with formatting options. The rendered name is validated like any lock name.
+
+A template rendered from a function's arguments (Django's ``@distributed_lock``, Celery's ``unique_on``) is bound in
+two steps written once here: :meth:`KeyTemplate.check_signature`, when the function is decorated, refuses a field the
+function has no parameter for (``InvalidKeyTemplate``), and :meth:`KeyTemplate.call_values` turns each call's
+arguments into the values to render from (``TypeError`` when they do not fit the signature, as the call itself would).
 """
 
 from __future__ import annotations
 
+import inspect
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ._errors import InvalidKeyTemplate
+from ._errors import ConfigurationError, InvalidKeyTemplate
 from ._names import validate_name
 
 __all__ = ["KeyTemplate"]
@@ -80,6 +86,63 @@ class KeyTemplate:
                 trail += f".{name}" if kind == "." else f"[{name}]"
             rendered.append(str(value))
         return validate_name("".join(rendered))
+
+    def check_signature(
+        self, target: Callable[..., Any] | inspect.Signature, *, owner: str | None = None
+    ) -> inspect.Signature:
+        """Check that a call of ``target`` (a function, or its signature) can always fill every field; return the
+        signature. ``InvalidKeyTemplate`` for a field that is not a parameter, unless ``target`` takes ``**kwargs``.
+        ``owner`` names the function in the message (default: its qualified name).
+        """
+        if isinstance(target, inspect.Signature):
+            signature = target
+        else:
+            signature = inspect.signature(target)
+            owner = owner or repr(getattr(target, "__qualname__", target))
+        self.check_parameters(
+            self.fields, signature, what=f"lock key template {self.template!r}", owner=owner or "the function"
+        )
+        return signature
+
+    @staticmethod
+    def check_parameters(
+        names: Iterable[str],
+        signature: inspect.Signature,
+        *,
+        what: str,
+        owner: str,
+        error: type[ConfigurationError] = InvalidKeyTemplate,
+    ) -> None:
+        """Raise ``error`` when one of ``names`` (which ``what`` declares) is not a parameter of ``signature`` and it
+        takes no ``**kwargs`` that could bring it: a lock name that no call can make must fail where it is declared.
+        """
+        parameters = signature.parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return
+        missing = [name for name in dict.fromkeys(names) if name not in parameters]
+        if missing:
+            one = len(missing) == 1
+            raise error(
+                f"{what} names {', '.join(map(repr, missing))}, which "
+                f"{'is not a parameter' if one else 'are not parameters'} of {owner}, and it has no parameter "
+                f"**kwargs to take {'it' if one else 'them'} from; its parameters are: "
+                f"{', '.join(parameters) or 'none'}"
+            )
+
+    @staticmethod
+    def call_values(
+        signature: inspect.Signature, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The named values of one call, to render from: its bound arguments with defaults applied, and the items of
+        ``**kwargs`` as names of their own (``*args`` stays one tuple). ``TypeError`` when the arguments do not fit.
+        """
+        bound = signature.bind(*args, **(kwargs or {}))
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        for parameter in signature.parameters.values():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                values.update(values.pop(parameter.name, {}))
+        return values
 
 
 def _parse_field(template: str, field: str) -> tuple[str, tuple[tuple[str, str], ...]]:

@@ -123,36 +123,13 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
             return self._wrap_async(target, awaits_result=False)
         return self._wrap_sync(target)
 
-    def _signature(self, func: Callable[..., Any]) -> inspect.Signature:
-        signature = inspect.signature(func)
-        parameters = signature.parameters
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            missing = [field for field in self.template.fields if field not in parameters]
-            if missing:
-                raise InvalidKeyTemplate(
-                    f"lock key template {self.template.template!r} names {', '.join(map(repr, missing))}, which "
-                    f"{getattr(func, '__qualname__', func)!r} has no parameter for; it has: "
-                    f"{', '.join(parameters) or 'none'}"
-                )
-        return signature
-
     def _name_for(self, signature: inspect.Signature, args: Any, kwargs: Any) -> tuple[str, HttpRequest | None]:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values: dict[str, Any] = {}
-        request: HttpRequest | None = None
-        for name, value in bound.arguments.items():
-            kind = signature.parameters[name].kind
-            if kind is inspect.Parameter.VAR_KEYWORD:
-                values.update(value)
-            elif kind is not inspect.Parameter.VAR_POSITIONAL:
-                values[name] = value
-            if isinstance(value, HttpRequest) and request is None:
-                request = value
+        values = KeyTemplate.call_values(signature, args, kwargs)
+        request = next((value for value in values.values() if isinstance(value, HttpRequest)), None)
         return self.template.render(values), request
 
     def _wrap_sync(self, func: Callable[P, R]) -> Callable[P, R]:
-        signature = self._signature(func)
+        signature = self.template.check_signature(func)
 
         @functools.wraps(func)
         def locked(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -180,7 +157,7 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
         return locked
 
     def _wrap_async(self, func: Callable[..., Any], *, awaits_result: bool) -> Callable[..., Any]:
-        signature = self._signature(func)
+        signature = self.template.check_signature(func)
 
         @functools.wraps(func)
         async def locked(*args: Any, **kwargs: Any) -> Any:

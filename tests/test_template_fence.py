@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -34,6 +36,32 @@ def test_missing_and_unresolvable_fields_fail_when_rendered() -> None:
 def test_a_rendered_name_is_validated() -> None:
     with pytest.raises(distlock.InvalidLockName):
         distlock.KeyTemplate("x:{v}").render({"v": "a\nb"})
+
+
+def test_a_template_is_checked_against_the_signature_it_renders_from() -> None:
+    def view(request: object, pk: int, page: int = 1) -> None: ...
+
+    def flexible(pk: int, **kwargs: Any) -> None: ...
+
+    template = distlock.KeyTemplate("order:{order_id}:{pk}")
+    with pytest.raises(distlock.InvalidKeyTemplate, match=r"'order_id', which is not a parameter of '.*view'"):
+        template.check_signature(view)
+    assert template.check_signature(flexible) == inspect.signature(flexible)  # **kwargs may bring it
+    with pytest.raises(distlock.ConfigurationError, match="parameters are: request, pk, page$") as caught:
+        distlock.KeyTemplate.check_parameters(
+            ["nope"], inspect.signature(view), what="x", owner="f", error=distlock.ConfigurationError
+        )
+    assert not isinstance(caught.value, distlock.InvalidKeyTemplate)
+
+
+def test_call_values_bind_a_call_with_defaults_and_spread_kwargs() -> None:
+    def f(a: int, b: int = 2, *args: int, **kwargs: int) -> None: ...
+
+    values = distlock.KeyTemplate.call_values(inspect.signature(f), (1,), {"order_id": 3})
+    assert values == {"a": 1, "b": 2, "args": (), "order_id": 3}
+    assert distlock.KeyTemplate("o:{order_id}:{a}:{b}").render(values) == "o:3:1:2"
+    with pytest.raises(TypeError):
+        distlock.KeyTemplate.call_values(inspect.signature(f), (), {})
 
 
 def test_fence_for_uses_the_lock_of_that_name(client: distlock.Client, lock_name: str) -> None:

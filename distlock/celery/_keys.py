@@ -54,47 +54,30 @@ class KeySpec:
         self.signature = signature
         self.template: KeyTemplate | None = None
         self.names: tuple[str, ...] | None = None
-        parameters = signature.parameters
-        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
         if unique_on is None:
             return
         if isinstance(unique_on, str):
             try:
                 self.template = KeyTemplate(unique_on)
+                self.template.check_signature(signature, owner="the task")
             except InvalidKeyTemplate as e:
                 raise InvalidKeyTemplate(f"{where}: unique_on: {e}") from e
-            missing = [f for f in self.template.fields if f not in parameters and not takes_kwargs]
-            if missing:
-                raise InvalidKeyTemplate(
-                    f"{where}: unique_on template {unique_on!r} names {', '.join(map(repr, missing))}, which "
-                    f"{'is not a parameter' if len(missing) == 1 else 'are not parameters'} of the task; "
-                    f"its parameters are: {_describe(parameters)}"
-                )
             return
         if not isinstance(unique_on, Sequence) or not all(isinstance(n, str) for n in unique_on):
             raise ConfigurationError(
                 f"{where}: unique_on must be a list of parameter names or a key template string, not {unique_on!r}"
             )
-        missing = [n for n in unique_on if n not in parameters and not takes_kwargs]
-        if missing:
-            raise ConfigurationError(
-                f"{where}: unique_on names {', '.join(map(repr, missing))}, which "
-                f"{'is not a parameter' if len(missing) == 1 else 'are not parameters'} of the task; "
-                f"its parameters are: {_describe(parameters)}"
-            )
+        KeyTemplate.check_parameters(
+            unique_on, signature, what=f"{where}: unique_on", owner="the task", error=ConfigurationError
+        )
         self.names = tuple(dict.fromkeys(unique_on))
 
     def name_for(self, task_name: str, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
         """The lock name of one call of task ``task_name``; ``TypeError`` when the arguments do not fit."""
         try:
-            bound = self.signature.bind(*(args or ()), **(kwargs or {}))
+            values = KeyTemplate.call_values(self.signature, args or (), kwargs)
         except TypeError as e:
             raise TypeError(f"task {task_name!r} called with arguments that do not fit its signature: {e}") from e
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        for parameter in self.signature.parameters.values():
-            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-                values.update(values.pop(parameter.name, {}))
         if self.template is not None:
             return self.template.render(values)
         if self.names is not None:
@@ -133,7 +116,3 @@ def _stable(value: object) -> object:
     if isinstance(value, bytes):
         return value.hex()
     raise _Unstable(value)
-
-
-def _describe(parameters: Mapping[str, inspect.Parameter]) -> str:
-    return ", ".join(parameters) or "none"
