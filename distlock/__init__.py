@@ -29,7 +29,7 @@ from ._errors import (
     StaleFenceToken,
     UnfencedWrite,
 )
-from ._fence import Fence, current_fence, fence_for
+from ._fence import Fence, current_fence, fence_for, fence_for_write, stale_token_message
 from ._lock import AsyncLock, Lock, current_lock, current_token
 from ._protocol import Holder
 from ._template import KeyTemplate
@@ -65,4 +65,6 @@ __all__ = [
     "current_lock",
     "current_token",
     "fence_for",
+    "fence_for_write",
+    "stale_token_message",
 ]

@@ -1,22 +1,26 @@
-"""Fences: a fencing token together with the name of the lock it came from, for the database integrations.
+"""Fences: a fencing token together with the name of the lock it came from, and the policy of the database integrations.
 
 A fenced row is guarded by exactly one lock name (its model declares a template such as ``"account:{pk}"``). A
 write to it must carry a token *of that lock*: tokens are comparable across names in one etcd cluster, so a token
 of another, busier lock would pass the ``fence_token <= :token`` check and defeat the fence. :func:`fence_for`
 finds the right fence in the current context (or checks one passed explicitly) and refuses any other.
+:func:`fence_for_write` is the whole policy Django's ``FencedModel`` and ``distlock_sqla`` apply to a row's write,
+and :func:`stale_token_message` the one explanation they give when the database refuses it.
 
-What can go wrong: no lock of that name is held here (None: the integration writes unfenced, or raises
-``UnfencedWrite`` in strict mode); a fence of another lock is passed (``LockNotOwned``).
+What can go wrong: a fence of another lock is passed (``LockNotOwned``); no lock of that name is held here
+(:func:`fence_for` returns None; :func:`fence_for_write` raises ``LockNotOwned`` when other locks are held, since
+the caller most likely holds the wrong one, and ``UnfencedWrite`` in strict mode, else returns None: a plain write).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._errors import LockNotOwned
+from ._errors import LockNotOwned, UnfencedWrite
 from ._lock import Lock, current_lock
 
-__all__ = ["Fence", "current_fence", "fence_for"]
+__all__ = ["Fence", "current_fence", "fence_for", "fence_for_write", "stale_token_message"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +57,64 @@ def fence_for(name: str, fence: Fence | Lock | None = None) -> Fence | None:
             name=name,
         )
     return given
+
+
+def fence_for_write(
+    name: str,
+    fence: Fence | Lock | None = None,
+    *,
+    what: str | Callable[[], str],
+    strict: bool,
+    inserting: bool = False,
+) -> Fence | None:
+    """The fence a write to ``what`` (e.g. ``"Account pk=1"``), a row guarded by lock ``name``, must carry.
+
+    :func:`fence_for` first: an explicit ``fence`` must be of lock ``name`` (``LockNotOwned``), else the innermost
+    lock of that name held here. With none held: ``LockNotOwned`` if other locks are held (their tokens say nothing
+    about this row), except for an insert (``inserting``), whose lock may not be nameable before the row exists;
+    ``UnfencedWrite`` if ``strict``; else None, and the caller writes unfenced. ``what`` may be a callable, called
+    only to build an error message.
+    """
+    found = fence_for(name, fence)
+    if found is not None:
+        return found
+    held = current_lock()
+    if held is not None and not inserting:
+        raise LockNotOwned(
+            f"{what() if callable(what) else what} is guarded by lock {name!r}, but the lock held here is "
+            f"{held.name!r}: its token says nothing about this row. Acquire {name!r} to write it",
+            name=name,
+        )
+    if strict:
+        raise UnfencedWrite(
+            f"{what() if callable(what) else what} is guarded by lock {name!r}, which is not held here, and this "
+            f"write must be fenced (strict): hold {name!r} and write inside it, or pass fence="
+        )
+    return None
+
+
+def stale_token_message(
+    what: str, token: int | None, current: int | None, *, read: int | None = None, lock: str | None = None
+) -> str:
+    """Why the database refused ``what`` (e.g. ``"update of Account pk=1"``), written with ``token``.
+
+    ``current`` is the token found on the row afterwards (None: the row is gone); ``read``, for a write of a row
+    read earlier, the token it was read with; ``lock``, the lock the token is of. For ``StaleFenceToken``.
+    """
+    with_token = "without a fencing token (no lock held)" if token is None else f"with fencing token {token}"
+    if current is None:
+        why = "the row no longer exists"
+    elif token is not None and current > token:
+        holder = f"of lock {lock!r} " if lock else ""
+        why = (
+            f"the row carries the newer token {current}: a newer holder {holder}has claimed it, and this holder's "
+            "work must not be written"
+        )
+    elif read is not None and current != read:
+        why = (
+            f"the row was written after this session read it (read with token {read}, now {current}). Claim rows "
+            "inside the lock before reading what you will write back"
+        )
+    else:
+        why = f"the row's token is {current}"
+    return f"{what} {with_token} refused: {why}"

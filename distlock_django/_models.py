@@ -102,35 +102,19 @@ def fence_of(
     held), ``UnfencedWrite`` in strict mode when no lock of its name is held.
     """
     _require_fenced(type(instance))
-    name = _lock_name_of(instance)
-    found = distlock.fence_for(name, fence)
-    if found is not None:
-        return found
-    held = distlock.current_lock()
-    if held is not None and not inserting:
-        raise LockNotOwned(
-            f"{type(instance).__name__} pk={instance.pk} is guarded by lock {name!r}, but the lock held here is "
-            f"{held.name!r}; acquire {name!r} to write it",
-            name=name,
-        )
-    if conf()["FENCING"] == "strict":
-        raise UnfencedWrite(
-            f"{type(instance).__name__} pk={instance.pk} is fenced by lock {name!r} and DISTLOCK['FENCING'] is "
-            "'strict': write it inside that lock"
-        )
-    return None
+    return distlock.fence_for_write(
+        _lock_name_of(instance),
+        fence,
+        what=lambda: f"{type(instance).__name__} pk={instance.pk}",
+        strict=conf()["FENCING"] == "strict",
+        inserting=inserting,
+    )
 
 
 def _stale(model: type[models.Model], pk: Any, token: int, using: str, action: str) -> StaleFenceToken:
     current = model._base_manager.using(using).filter(pk=pk).values_list("fence_token", flat=True).first()
-    detail = "the row no longer exists" if current is None else f"the row carries the newer token {current}"
-    return StaleFenceToken(
-        f"{action} of {model.__name__} pk={pk} with fencing token {token} refused: {detail}. "
-        "A newer lock holder has taken over; this holder's work must not be written.",
-        token=token,
-        row=pk,
-        current=current,
-    )
+    message = distlock.stale_token_message(f"{action} of {model.__name__} pk={pk}", token, current)
+    return StaleFenceToken(message, token=token, row=pk, current=current)
 
 
 _M = TypeVar("_M", bound=models.Model)

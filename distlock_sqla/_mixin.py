@@ -25,8 +25,7 @@ from typing import Any, ClassVar
 from sqlalchemy import BigInteger, Column, event
 from sqlalchemy.orm import Mapped, Mapper, declared_attr, mapped_column
 
-from distlock import KeyTemplate
-from distlock._errors import ConfigurationError
+from distlock import ConfigurationError, KeyTemplate
 
 from ._spec import FENCE_COLUMN, FenceSpec, check_fields, register
 

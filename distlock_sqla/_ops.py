@@ -42,8 +42,7 @@ from sqlalchemy.exc import NoResultFound
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ColumnElement, Executable
 
-from distlock import Fence
-from distlock._errors import ConfigurationError
+from distlock import ConfigurationError, Fence
 
 from ._errors import StaleFenceToken, stale
 from ._flush import FENCED_OPTION

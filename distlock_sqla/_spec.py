@@ -1,4 +1,4 @@
-"""What makes a table fenced, and which fence a write to one of its rows must carry.
+"""What makes a table fenced, and which fence a write to one of its rows must carry (``distlock.fence_for_write``).
 
 A fenced table has an integer ``fence_token`` column and exactly one lock-name template (``"account:{id}"``) that
 names, from a row's own columns, the lock guarding that row. ``FencedMixin`` models declare it with ``fence_lock``;
@@ -24,8 +24,7 @@ from typing import Any
 from sqlalchemy import Integer, Table, tuple_
 from sqlalchemy.sql.expression import ColumnElement, SQLColumnExpression
 
-from distlock import AsyncLock, Fence, KeyTemplate, Lock, LockNotOwned, UnfencedWrite, current_lock, fence_for
-from distlock._errors import ConfigurationError, InvalidKeyTemplate
+from distlock import AsyncLock, ConfigurationError, Fence, InvalidKeyTemplate, KeyTemplate, Lock, fence_for_write
 
 __all__ = ["FenceLike", "FenceSpec", "fence_for_row", "fenced_table", "required_fence", "spec_of"]
 
@@ -176,28 +175,9 @@ def fence_for_row(
 ) -> Fence | None:
     """The fence for a write to ``what``, a row guarded by lock ``name``; None when it is to be written unfenced.
 
-    Explicit ``fence``: it must be of lock ``name`` (``LockNotOwned``). Otherwise the innermost held lock of that
-    name. With none held: ``LockNotOwned`` if other locks are held (the caller probably holds the wrong one), except
-    for an insert, whose lock may not even be nameable yet; ``UnfencedWrite`` if ``required``; else None.
+    :func:`distlock.fence_for_write`'s policy (``required`` is its ``strict``), with ``fence`` also an AsyncLock.
     """
-    found = fence_for(name, as_fence(fence))
-    if found is not None:
-        return found
-    if callable(what):
-        what = what()
-    held = current_lock()
-    if held is not None and not inserting:
-        raise LockNotOwned(
-            f"{what} is guarded by lock {name!r}, but the lock held here is {held.name!r}: its token says nothing "
-            f"about this row. Acquire {name!r} to write it",
-            name=name,
-        )
-    if required:
-        raise UnfencedWrite(
-            f"{what} is guarded by lock {name!r}, which is not held here: hold it (client.lock({name!r})) and "
-            "write inside it, or pass fence="
-        )
-    return None
+    return fence_for_write(name, as_fence(fence), what=what, strict=required, inserting=inserting)
 
 
 def required_fence(name: str, fence: FenceLike, *, what: str) -> Fence:

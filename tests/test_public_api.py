@@ -14,7 +14,7 @@ CONTRACT = {
     "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ConfigurationError",
     "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate", "Lock", "LockError",
     "LockLost", "LockNotAcquired", "LockNotOwned", "StaleFenceToken", "UnfencedWrite", "connect", "current_fence",
-    "current_lock", "current_token", "fence_for",
+    "current_lock", "current_token", "fence_for", "fence_for_write", "stale_token_message",
 }  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,7 +48,7 @@ def test_a_template_is_checked_against_the_signature_it_renders_from() -> None:
     with pytest.raises(distlock.InvalidKeyTemplate, match=r"'order_id', which is not a parameter of '.*view'"):
         template.check_signature(view)
     assert template.check_signature(flexible) == inspect.signature(flexible)  # **kwargs may bring it
-    with pytest.raises(distlock.ConfigurationError, match="parameters are: request, pk, page$") as caught:
+    with pytest.raises(distlock.ConfigurationError, match=r"parameters are: request, pk, page$") as caught:
         distlock.KeyTemplate.check_parameters(
             ["nope"], inspect.signature(view), what="x", owner="f", error=distlock.ConfigurationError
         )
@@ -73,3 +74,36 @@ def test_fence_for_uses_the_lock_of_that_name(client: distlock.Client, lock_name
         assert distlock.current_fence() == two.fence
         with pytest.raises(distlock.LockNotOwned, match="guarded by lock"):
             distlock.fence_for(f"{lock_name}:1", two.fence)
+
+
+def test_fence_for_write_refuses_other_locks_and_strict_unfenced_writes(
+    client: distlock.Client, lock_name: str
+) -> None:
+    row = f"{lock_name}:row"
+    assert distlock.fence_for_write(row, what="Row pk=1", strict=False) is None
+    unheld = re.escape(f"Row pk=1 is guarded by lock '{row}', which is not held here")
+    with pytest.raises(distlock.UnfencedWrite, match=unheld):
+        distlock.fence_for_write(row, what=lambda: "Row pk=1", strict=True)
+    with client.lock(f"{lock_name}:other", ttl=5) as other:
+        with pytest.raises(distlock.LockNotOwned, match=re.escape(f"the lock held here is '{other.name}'")):
+            distlock.fence_for_write(row, what="Row pk=1", strict=False)
+        assert distlock.fence_for_write(row, what="Row pk=1", strict=False, inserting=True) is None
+        with pytest.raises(distlock.LockNotOwned, match="guarded by lock"):
+            distlock.fence_for_write(row, other, what="Row pk=1", strict=False)
+        with client.lock(row, ttl=5) as mine:
+            assert distlock.fence_for_write(row, what="Row pk=1", strict=True) == mine.fence
+
+
+@pytest.mark.parametrize(
+    ("current", "read", "why"),
+    [
+        (None, None, "the row no longer exists"),
+        (9, None, "the row carries the newer token 9: a newer holder of lock 'a:1' has claimed it"),
+        (5, 3, r"written after this session read it \(read with token 3, now 5\)"),
+        (5, None, "the row's token is 5"),
+    ],
+)
+def test_the_stale_token_message_says_why(current: int | None, read: int | None, why: str) -> None:
+    message = distlock.stale_token_message("update of A pk=1", 5, current, read=read, lock="a:1")
+    assert message.startswith("update of A pk=1 with fencing token 5 refused: ")
+    assert re.search(why, message), message
