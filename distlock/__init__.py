@@ -14,6 +14,7 @@ it a *fencing token* — strictly increasing from holder to holder — so the da
 import logging
 
 from ._client import Client, connect
+from ._clientcache import ClientCache
 from ._errors import (
     AuthenticationFailed,
     BackendError,
@@ -45,6 +46,7 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "Client",
+    "ClientCache",
     "ConfigurationError",
     "DistlockError",
     "Fence",

@@ -1,42 +1,37 @@
-"""The process-wide distlock client for Django, made lazily from ``DISTLOCK["URL"]``.
+"""The process-wide distlock client for Django, made lazily from ``DISTLOCK["URL"]`` and ``["OPTIONS"]``.
 
 One client per process serves every request thread (clients are thread-safe and fork-safe: a gunicorn or Celery
-prefork child opens its own connection). What can go wrong: the lock service is unreachable on first use —
+prefork child opens its own connection); it lives in a :class:`distlock.ClientCache`, which ``reset_client()``
+(called when ``DISTLOCK`` changes) empties. ``client_if_configured()`` is what the app hands to Celery's tasks (see
+``apps.py``). What can go wrong: the lock service is unreachable on first use —
 ``BackendUnavailable`` from the first locked view, not at import time, so ``manage.py`` commands that take no lock
 keep working while etcd is down.
 """
 
 from __future__ import annotations
 
-import threading
+from django.conf import settings
 
 import distlock
 
 from ._conf import conf
 
-__all__ = ["get_client", "reset_client"]
+__all__ = ["client_if_configured", "get_client", "reset_client"]
 
-_mutex = threading.Lock()
-_client: distlock.Client | None = None
+_clients = distlock.ClientCache()
 
 
 def get_client() -> distlock.Client:
     """The shared client (connecting on first use)."""
-    global _client
-    client = _client
-    if client is not None and not client.closed:
-        return client
-    with _mutex:
-        if _client is None or _client.closed:
-            settings = conf()
-            _client = distlock.connect(settings["URL"], **dict(settings["OPTIONS"]))
-        return _client
+    settings = conf()
+    return _clients.get(settings["URL"], settings["OPTIONS"])
 
 
 def reset_client() -> None:
     """Close the shared client (its locks are released); the next use connects again with current settings."""
-    global _client
-    with _mutex:
-        client, _client = _client, None
-    if client is not None:
-        client.close()
+    _clients.clear()
+
+
+def client_if_configured() -> distlock.Client | None:
+    """The shared client if the settings have a ``DISTLOCK`` dict, else None: what Celery's tasks fall back to."""
+    return None if getattr(settings, "DISTLOCK", None) is None else get_client()

@@ -1,6 +1,13 @@
-"""The Django app: add ``"distlock_django"`` to ``INSTALLED_APPS`` to get the system checks."""
+"""The Django app: add ``"distlock_django"`` to ``INSTALLED_APPS`` to get the system checks.
+
+When Django starts the app, and Celery is installed, the app also gives Celery's singleton tasks its client
+(:func:`distlock.celery.set_client_factory`): a Celery app without ``app.conf.distlock_url`` then uses the client
+of ``DISTLOCK``, if the settings have one. Without Celery installed nothing of it is imported.
+"""
 
 from __future__ import annotations
+
+import importlib.util
 
 from django.apps import AppConfig
 
@@ -11,3 +18,10 @@ class DistlockConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
+
+        if importlib.util.find_spec("celery") is not None:
+            from distlock.celery import set_client_factory
+
+            from ._client import client_if_configured
+
+            set_client_factory(client_if_configured)

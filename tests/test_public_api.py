@@ -11,10 +11,10 @@ from _support import child_env
 import distlock
 
 CONTRACT = {
-    "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ConfigurationError",
-    "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate", "Lock", "LockError",
-    "LockLost", "LockNotAcquired", "LockNotOwned", "StaleFenceToken", "UnfencedWrite", "connect", "current_fence",
-    "current_lock", "current_token", "fence_for", "fence_for_write", "stale_token_message",
+    "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache",
+    "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate",
+    "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "StaleFenceToken", "UnfencedWrite", "connect",
+    "current_fence", "current_lock", "current_token", "fence_for", "fence_for_write", "stale_token_message",
 }  # fmt: skip
 
 

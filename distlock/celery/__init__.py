@@ -18,8 +18,9 @@ Release is checked against the lock's fencing token: a run never deletes another
 skipped, retried, refused with :class:`DuplicateTask`, or answered with the existing task's ``AsyncResult``.
 ``self.retry()`` keeps the lock for the retry. See :class:`SingletonTask` for the options, ``_task`` for the life
 cycle, ``_handover`` for how a lock passes from the sending process to the worker and the races that involves, and
-``_config`` for settings (``app.conf.distlock_url``, or Django's ``DISTLOCK``). Django is never imported unless the
-process already uses it. ``get_client(app)`` is the client the tasks of ``app`` use (for ``holder()`` checks);
+``_config`` for settings (``app.conf.distlock_url``, else the client of a factory given to ``set_client_factory()``:
+``distlock_django`` gives its own, configured by Django's ``DISTLOCK``). Django is never imported here.
+``get_client(app)`` is the client the tasks of ``app`` use (for ``holder()`` checks);
 ``RESERVATIONS.held()`` lists the reservations this process still holds for tasks it sent.
 
 What can go wrong: a ``unique_on`` naming no parameter, or a bad option, raises ``ConfigurationError`` when Celery
@@ -31,8 +32,8 @@ paused or cut off from etcd past ``lock_ttl``) cannot stop the task: ``self.lock
 ``self.lock.ensure_held()`` raises ``LockLost``, the end of the run logs an error, and only fenced writes stay safe.
 """
 
-from ._config import get_client
+from ._config import get_client, set_client_factory
 from ._handover import RESERVATIONS
 from ._task import DuplicateTask, SingletonTask
 
-__all__ = ["RESERVATIONS", "DuplicateTask", "SingletonTask", "get_client"]
+__all__ = ["RESERVATIONS", "DuplicateTask", "SingletonTask", "get_client", "set_client_factory"]

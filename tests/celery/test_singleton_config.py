@@ -5,6 +5,7 @@ otherwise)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -178,8 +180,13 @@ def test_settings_come_from_app_conf_and_django_is_never_imported(etcd_url: str)
 
 def test_without_app_conf_a_configured_django_project_supplies_the_client(etcd_url: str) -> None:
     done = _python(f"""
+        import django
         from django.conf import settings
-        settings.configure(DISTLOCK={{"URL": {etcd_url!r}, "OPTIONS": {{"connect_timeout": 2}}}})
+        settings.configure(
+            INSTALLED_APPS=["distlock_django"],
+            DISTLOCK={{"URL": {etcd_url!r}, "OPTIONS": {{"connect_timeout": 2}}}},
+        )
+        django.setup()  # the app's ready() hands its client to distlock.celery
         from celery import Celery
         import distlock_django
         from distlock.celery import get_client
@@ -193,10 +200,38 @@ def test_without_app_conf_a_configured_django_project_supplies_the_client(etcd_u
     assert done.stdout.strip() == "ok", done.stderr
 
 
+def test_a_worker_started_with_django_settings_uses_the_distlock_client(etcd_url: str, tmp_path: Path) -> None:
+    """Celery's Django fixup sets Django up when a worker starts; distlock_django then supplies the client."""
+    (tmp_path / "workersettings.py").write_text(
+        f"INSTALLED_APPS = ['distlock_django']\nDISTLOCK = {{'URL': {etcd_url!r}}}\n"
+    )
+    env = {**child_env(), "DJANGO_SETTINGS_MODULE": "workersettings", "CELERY_SKIP_CHECKS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
+    code = """
+        import sys
+        from celery import Celery
+        from distlock.celery import get_client
+
+        app = Celery("django-worker", set_as_current=False)
+        assert "distlock_django" not in sys.modules
+        app.loader.import_default_modules()  # what a worker does first: the fixup runs django.setup() here
+        import distlock_django
+
+        assert get_client(app) is distlock_django.get_client()
+        print("ok")
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
 def test_the_public_names_stay_exported() -> None:
     import distlock.celery
 
     # (Its order is ruff's isort-style sort, checked by ruff.)
-    assert {"DuplicateTask", "RESERVATIONS", "SingletonTask", "get_client"} <= set(distlock.celery.__all__)
+    assert {"DuplicateTask", "RESERVATIONS", "SingletonTask", "get_client", "set_client_factory"} <= set(
+        distlock.celery.__all__
+    )
     assert all(hasattr(distlock.celery, name) for name in distlock.celery.__all__)
     assert issubclass(distlock.celery.DuplicateTask, distlock.LockNotAcquired)

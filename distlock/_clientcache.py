@@ -1,0 +1,62 @@
+"""``ClientCache``: the clients a process shares, one per URL and options, for the integrations that hand one out.
+
+``distlock_django.get_client()`` and ``distlock.celery.get_client(app)`` each keep theirs in one: connected on first
+use (not at import time, so a process that takes no lock works while the service is down), connected again once
+closed, safe to call from any thread. Each cache is its own: ``clear()`` closes only the clients it handed out.
+
+Fork and exit need nothing more here: a client is fork-safe itself (in a child it opens its own connection and
+leases on first use, leaving the parent's alone) and every client is closed at interpreter exit (see
+:func:`distlock.connect`); a child also gets a fresh mutex, in case it was forked while another thread was
+connecting. What can go wrong: ``get()`` raises what :func:`distlock.connect` raises (``ConfigurationError`` for bad
+settings, ``BackendUnavailable`` for an unreachable service), on every call until it succeeds: failures are not cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from ._client import Client, connect
+
+__all__ = ["ClientCache"]
+
+
+class ClientCache:
+    """Shared clients, one per ``(url, options)``: ``get()`` connects on first use and after a ``close()``."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._clients: dict[tuple[str, str], Client] = {}
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+
+            def renew_mutex() -> None:
+                cache = ref()
+                if cache is not None:
+                    cache._mutex = threading.Lock()
+
+            os.register_at_fork(after_in_child=renew_mutex)
+
+    def get(self, url: str, options: Mapping[str, Any] | None = None) -> Client:
+        """The client for ``url`` and :func:`distlock.connect` keyword ``options``, connecting if there is none."""
+        key = (str(url), json.dumps(dict(options or {}), sort_keys=True, default=repr))
+        client = self._clients.get(key)
+        if client is not None and not client.closed:
+            return client
+        with self._mutex:
+            client = self._clients.get(key)
+            if client is None or client.closed:
+                client = self._clients[key] = connect(url, **dict(options or {}))
+            return client
+
+    def clear(self) -> None:
+        """Close every client of this cache (their locks are released); the next ``get()`` connects again."""
+        with self._mutex:
+            clients = list(self._clients.values())
+            self._clients.clear()
+        for client in clients:
+            client.close()
