@@ -1,6 +1,6 @@
 """``ClientCache``: the clients a process shares, one per URL and options, for the integrations that hand one out.
 
-``distlock_django.get_client()`` and ``distlock.celery.get_client(app)`` each keep theirs in one: connected on first
+The integrations' ``get_client()`` functions (Django's, Celery's) each keep theirs in one: connected on first
 use (not at import time, so a process that takes no lock works while the service is down), connected again once
 closed, safe to call from any thread. Each cache is its own: ``clear()`` closes only the clients it handed out.
 

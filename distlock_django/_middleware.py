@@ -105,22 +105,12 @@ def compile_rules(rules: object) -> list[Rule]:
     return compiled
 
 
-class _ReleasingIterator:
+class _ReleasingContent:
     """Streaming content that releases the lock after the last chunk, or when Django closes the response."""
 
-    def __init__(self, content: Iterator[Any], release: Callable[[], None]) -> None:
+    def __init__(self, content: Any, release: Callable[[], None]) -> None:
         self._content = content
         self._release = release
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self._content)
-        except BaseException:
-            self.close()
-            raise
 
     def close(self) -> None:  # Django registers it as a resource closer: called when the response is closed
         close = getattr(self._content, "close", None)
@@ -131,11 +121,19 @@ class _ReleasingIterator:
             self._release()
 
 
-class _ReleasingAsyncIterator:
-    def __init__(self, content: AsyncIterator[Any], release: Callable[[], None]) -> None:
-        self._content = content
-        self._release = release
+class _ReleasingIterator(_ReleasingContent):
+    def __iter__(self) -> Iterator[Any]:
+        return self
 
+    def __next__(self) -> Any:
+        try:
+            return next(self._content)
+        except BaseException:
+            self.close()
+            raise
+
+
+class _ReleasingAsyncIterator(_ReleasingContent):
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
 
@@ -145,9 +143,6 @@ class _ReleasingAsyncIterator:
         except BaseException:
             self.close()
             raise
-
-    def close(self) -> None:
-        self._release()
 
 
 class DistributedLockMiddleware:

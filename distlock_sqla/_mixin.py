@@ -27,7 +27,7 @@ from sqlalchemy.orm import Mapped, Mapper, declared_attr, mapped_column
 
 from distlock import ConfigurationError, KeyTemplate
 
-from ._spec import FENCE_COLUMN, FenceSpec, check_fields, register
+from ._spec import FENCE_COLUMN, FenceSpec, declare
 
 __all__ = ["FencedMixin", "fenced_mapper_args"]
 
@@ -83,20 +83,16 @@ def _declare(mapper: Mapper[Any], cls: type[Any]) -> None:
             f"{cls.__name__}: FencedMixin needs fence_token as the mapper's version_id_col, without a generator; "
             "a __mapper_args__ of your own must include distlock_sqla.fenced_mapper_args(cls, ...)"
         )
-    check_fields(template, f"{cls.__name__}.fence_lock {declared!r}", cls.__name__, list(mapper.columns.keys()))
-    table = version.table
-    pk_columns = tuple(mapper.primary_key)
-    spec = FenceSpec(
+    cls.__fence_spec__ = declare(
         label=cls.__name__,
-        table=table,
+        what=f"{cls.__name__}.fence_lock {declared!r}",
         template=template,
+        table=version.table,
         fence_column=version,
-        pk_columns=pk_columns,
-        pk=tuple(getattr(cls, mapper.get_property_by_column(c).key) for c in pk_columns),
-        pk_keys=tuple(mapper.get_property_by_column(c).key for c in pk_columns),
-        fields=tuple((field, getattr(cls, field)) for field in template.fields),
+        pk_columns=tuple(mapper.primary_key),
+        pk_keys=tuple(mapper.get_property_by_column(c).key for c in mapper.primary_key),
+        columns=list(mapper.columns.keys()),
+        attribute=lambda key: getattr(cls, key),  # ORM attributes: selecting them makes inheritance joins for us
         strict=bool(getattr(cls, "fence_strict", False)),
         model=cls,
     )
-    register(spec)
-    cls.__fence_spec__ = spec

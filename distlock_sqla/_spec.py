@@ -26,7 +26,7 @@ from sqlalchemy.sql.expression import ColumnElement, SQLColumnExpression
 
 from distlock import AsyncLock, ConfigurationError, Fence, InvalidKeyTemplate, KeyTemplate, Lock, fence_for_write
 
-__all__ = ["FenceLike", "FenceSpec", "fence_for_row", "fenced_table", "required_fence", "spec_of"]
+__all__ = ["FenceLike", "FenceSpec", "declare", "fence_for_row", "fenced_table", "required_fence", "spec_of"]
 
 FENCE_COLUMN = "fence_token"
 _INFO_KEY = "distlock_sqla.fence"
@@ -95,32 +95,62 @@ def fenced_table(table: Table, lock: str, *, strict: bool = False) -> Table:
         )
     if not table.primary_key.columns:
         raise ConfigurationError(f"table {table.name!r} cannot be fenced: it has no primary key to claim rows by")
-    check_fields(template, f"lock template {lock!r} of table {table.name!r}", table.name, table.c.keys())
-    pk_columns = tuple(table.primary_key.columns)
-    spec = FenceSpec(
+    declare(
         label=table.name,
-        table=table,
+        what=f"lock template {lock!r} of table {table.name!r}",
         template=template,
+        table=table,
         fence_column=fence_column,
-        pk_columns=pk_columns,
-        pk=pk_columns,
-        pk_keys=tuple(c.key for c in pk_columns),
-        fields=tuple((field, table.c[field]) for field in template.fields),
+        pk_columns=tuple(table.primary_key.columns),
+        pk_keys=tuple(c.key for c in table.primary_key.columns),
+        columns=table.c.keys(),
+        attribute=lambda key: table.c[key],
         strict=strict,
     )
-    register(spec)
     return table
 
 
-def check_fields(template: KeyTemplate, what: str, owner: str, columns: Sequence[str]) -> None:
-    """``InvalidKeyTemplate`` unless every field of ``template`` (declared by ``what``) is one of ``columns``."""
+def declare(
+    *,
+    label: str,
+    what: str,
+    template: KeyTemplate,
+    table: Table,
+    fence_column: ColumnElement[int],
+    pk_columns: tuple[ColumnElement[Any], ...],
+    pk_keys: tuple[str, ...],
+    columns: Sequence[str],
+    attribute: Callable[[str], SQLColumnExpression[Any]],
+    strict: bool,
+    model: type | None = None,
+) -> FenceSpec:
+    """Check ``template`` (declared by ``what``) against ``columns``, then make and :func:`register` the spec.
+
+    ``columns`` are the keys ``attribute`` turns into what to select: a Core table's column keys, or a model's
+    attribute names. ``InvalidKeyTemplate`` for a field that is not one of them: a row's lock name is made of its own
+    columns.
+    """
     missing = [field for field in template.fields if field not in columns]
     if missing:
         raise InvalidKeyTemplate(
             f"{what} names {', '.join(map(repr, missing))}, which "
-            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of {owner} (columns: "
+            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of {label} (columns: "
             f"{', '.join(columns)}); a row's lock name must be made of its own columns"
         )
+    spec = FenceSpec(
+        label=label,
+        table=table,
+        template=template,
+        fence_column=fence_column,
+        pk_columns=pk_columns,
+        pk=tuple(attribute(key) for key in pk_keys),
+        pk_keys=pk_keys,
+        fields=tuple((field, attribute(field)) for field in template.fields),
+        strict=strict,
+        model=model,
+    )
+    register(spec)
+    return spec
 
 
 def register(spec: FenceSpec) -> None:
