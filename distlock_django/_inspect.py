@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import distlock
-from distlock._protocol import LockState
 
 from ._client import get_client
 from ._conf import conf
@@ -32,11 +31,9 @@ class LockRow:
 
 def lock_table(prefix: str | None = None) -> list[LockRow]:
     """Every lock (whose name starts with ``prefix``, default ``DISTLOCK["KEY_PREFIX"]``) as inspector rows."""
-    client = get_client()
-    states: list[LockState] = client.inspect()
     wanted = conf()["KEY_PREFIX"] if prefix is None else prefix
     rows = []
-    for state in states:
+    for state in get_client().inspect():
         if not state.name.startswith(wanted):
             continue
         for position, waiter in enumerate((state.holder, *state.waiters)):
