@@ -242,7 +242,7 @@ def _timeouts(options: dict[str, Any]) -> dict[str, float]:
 
 
 def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
-    from ._etcd import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
+    from .backends._etcd import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
 
     netloc, username, password = _split_userinfo(parts.netloc)
     if not netloc:
@@ -275,7 +275,8 @@ def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
 
 
 def _redis_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
-    from ._redis import RedisBackend, RedisCluster, RedisServer  # imports redis-py: only when a Redis URL is used
+    # Imports redis-py: only when a Redis URL is used.
+    from .backends._redis import RedisBackend, RedisCluster, RedisServer
 
     scheme = parts.scheme.lower()
     cluster = scheme.endswith("+cluster")

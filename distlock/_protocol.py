@@ -185,7 +185,7 @@ class Interrupt:
 
 
 class Backend(Protocol):
-    """What a lock service must provide. Implementations: ``_etcd.EtcdBackend`` (and a Redis one)."""
+    """What a lock service must provide. Implementations live in :mod:`distlock.backends`."""
 
     #: Where the backend points, for error messages: ``"etcd at 127.0.0.1:2379"``.
     description: str

@@ -57,10 +57,10 @@ import threading
 import time
 from typing import Any
 
-from . import _clock
-from ._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
-from ._names import escape_name
-from ._protocol import (
+from .. import _clock
+from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
+from .._names import escape_name
+from .._protocol import (
     Holder,
     Interrupt,
     Lease,

@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import _clock
-from ._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
-from ._names import escape_name, unescape_name
-from ._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from .. import _clock
+from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
+from .._names import escape_name, unescape_name
+from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 
 try:
     import grpc
