@@ -32,6 +32,7 @@ from .. import _clock
 from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
 from .._names import escape_name, unescape_name
 from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from .._retry import Attempt, ErrorTable, retrying
 
 try:
     import grpc
@@ -46,7 +47,6 @@ __all__ = ["EtcdBackend", "TLSConfig"]
 _R = TypeVar("_R")
 
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-_MAX_BACKOFF = 0.5
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,12 @@ class EtcdBackend:
         self._lease: Any = None
         self._watch: Any = None
         self._closed = False
+        self._errors = ErrorTable(
+            description=self.description,
+            retryable=lambda e: isinstance(e, grpc.RpcError) and _code(e) in _RETRYABLE,
+            translate=lambda e, what: self._translate(e, what) if isinstance(e, grpc.RpcError) else None,
+            recover=self._recover,
+        )
 
     # -- connection -------------------------------------------------------------------------------------------
 
@@ -183,7 +189,7 @@ class EtcdBackend:
         channel = self._connect()
         stub = etcdrpc.AuthStub(channel)
         request = etcdrpc.AuthenticateRequest(name=self._username, password=self._password)
-        response = self._retrying("authenticate", lambda t: stub.Authenticate(request, timeout=t), deadline)
+        response, _ = self._retrying("authenticate", lambda t: stub.Authenticate(request, timeout=t), deadline)
         self._auth_token = str(response.token)
 
     def after_fork(self) -> None:
@@ -203,45 +209,37 @@ class EtcdBackend:
 
     # -- request plumbing -------------------------------------------------------------------------------------
 
-    def _retrying(self, what: str, call: Callable[[float], _R], deadline: float) -> _R:
-        """Run ``call(timeout)`` until it answers, retrying UNAVAILABLE with backoff until ``deadline``."""
-        delay = 0.02
-        reauthenticated = False
-        while True:
-            remaining = deadline - _clock.now()
-            if remaining <= 0:
-                raise BackendUnavailable(f"{what}: {self.description} did not answer in time")
+    def _retrying(self, what: str, call: Callable[[float], _R], deadline: float) -> tuple[_R, int]:
+        """Run ``call(timeout)`` until it answers, retrying UNAVAILABLE with backoff until ``deadline``; return the
+        answer and the attempts made."""
+
+        def attempt(attempt: Attempt) -> _R:
             try:
-                return call(remaining)
+                return call(attempt.timeout)
             except ValueError as e:
                 if not _closed_channel(e):
                     raise
                 raise BackendError(f"{what}: the distlock client for {self.description} is closed") from e
-            except grpc.RpcError as e:
-                code = _code(e)
-                if code in _RETRYABLE and _clock.now() + delay < deadline:
-                    time.sleep(delay)
-                    delay = min(delay * 2, _MAX_BACKOFF)
-                    continue
-                if _is_expired_token(e) and self._username is not None and not reauthenticated:
-                    reauthenticated = True
-                    self._authenticate(deadline)
-                    continue
-                raise self._translate(e, what) from e
+
+        return retrying(what, attempt, deadline, self._errors)
+
+    def _recover(self, error: Exception, deadline: float) -> bool:
+        """An expired auth token: authenticate again and retry at once."""
+        if isinstance(error, grpc.RpcError) and _is_expired_token(error) and self._username is not None:
+            self._authenticate(deadline)
+            return True
+        return False
 
     def _unary(self, what: str, method: str, request: Any, *, budget: float | None = None) -> tuple[Any, bool]:
         """One unary request with retries; returns the response and whether an earlier attempt may have landed."""
         self._connect()
         deadline = _clock.now() + (self.request_timeout if budget is None else budget)
-        attempts = 0
 
         def call(timeout: float) -> Any:
-            nonlocal attempts
-            attempts += 1
             stub = self._kv if method in ("Txn", "Range") else self._lease
             return getattr(stub, method)(request, timeout=timeout, metadata=self._metadata())
 
-        response = self._retrying(what, call, deadline)
+        response, attempts = self._retrying(what, call, deadline)
         return response, attempts > 1
 
     def _translate(self, error: grpc.RpcError, what: str) -> BackendError:
@@ -299,7 +297,8 @@ class EtcdBackend:
             finally:
                 responses.cancel()
 
-        return self._retrying("lease keep-alive", once, deadline)
+        ttl, _ = self._retrying("lease keep-alive", once, deadline)
+        return ttl
 
     def revoke_lease(self, lease_id: int) -> None:
         with contextlib.suppress(LeaseGone):

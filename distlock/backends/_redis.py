@@ -72,6 +72,7 @@ from .._protocol import (
     owner_id,
     owner_record,
 )
+from .._retry import Attempt, ErrorTable, retrying
 
 try:
     import redis
@@ -82,7 +83,6 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
 
 __all__ = ["RedisBackend", "RedisCluster", "RedisServer", "RedisTarget"]
 
-_MAX_BACKOFF = 0.5
 #: How long a wake-up waits in its list for a waiter that is not blocked yet (one that is later re-reads anyway).
 _WAKE_TTL_MS = 600_000
 #: Redis expires a key at its millisecond deadline; wake a little after it so the lease check sees it gone.
@@ -103,6 +103,16 @@ _REFUSED = (
     redis.exceptions.AuthenticationWrongNumberOfArgsError,
     redis.exceptions.NoPermissionError,
 )
+
+
+def _refused(error: Exception) -> bool:
+    return isinstance(error, _REFUSED)
+
+
+def _retryable(error: Exception) -> bool:
+    # Checked after _refused: redis-py's AuthenticationError is a ConnectionError too.
+    return isinstance(error, _RETRYABLE) and not _refused(error)
+
 
 # -- the scripts ----------------------------------------------------------------------------------------------
 #
@@ -413,6 +423,12 @@ class RedisBackend:
         self._lease_ttls: dict[int, float] = {}
         # Entries this process has in queues, by lease: revoking a lease removes them (Redis cannot do it).
         self._tickets: dict[int, dict[bytes, Ticket]] = {}
+        self._errors = ErrorTable(
+            description=self.description,
+            retryable=_retryable,
+            translate=self._translate,
+            recover=self._refresh_after,
+        )
 
     # -- keys -------------------------------------------------------------------------------------------------
 
@@ -425,7 +441,7 @@ class RedisBackend:
 
     # -- request plumbing -------------------------------------------------------------------------------------
 
-    def _once(self, key: str | _Pool, args: tuple[Any, ...], deadline: float, fast: bool) -> Any:
+    def _once(self, key: str | _Pool, args: tuple[Any, ...], attempt: Attempt, fast: bool) -> Any:
         pool = self._target.pool_for(key) if isinstance(key, str) else key
         connection = pool.get()
         failed = False
@@ -434,7 +450,7 @@ class RedisBackend:
             # The socket timeout bounds a first attempt whose budget is at least that long; anything else is
             # bounded by what is left of its deadline (a poll with that timeout first: a little slower).
             if not fast:
-                remaining = deadline - _clock.now()
+                remaining = attempt.timeout
                 if remaining <= 0 or not connection.can_read(timeout=remaining):
                     raise redis.exceptions.TimeoutError(f"no answer within {max(remaining, 0):.3g} s")
             return connection.read_response()
@@ -451,28 +467,31 @@ class RedisBackend:
         """Send one command for ``key`` (or to one server's pool), retrying what may be retried; return the answer
         and the attempts made."""
         budget = self.request_timeout if budget is None else budget
-        deadline = _clock.now() + budget
-        delay = 0.02
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return self._once(key, args, deadline, attempts == 1 and budget >= self._socket_timeout), attempts
-            except _REFUSED as e:
-                raise AuthenticationFailed(f"{what}: {self.description} refused the credentials: {e}") from e
-            except redis.exceptions.NoScriptError:
-                raise
-            except _RETRYABLE as e:
-                if isinstance(e, redis.exceptions.AskError | redis.exceptions.ConnectionError):
-                    with contextlib.suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
-                        self._target.refresh()
-                if _clock.now() + delay < deadline:
-                    time.sleep(delay)
-                    delay = min(delay * 2, _MAX_BACKOFF)
-                    continue
-                raise BackendUnavailable(f"{what}: {self.description} is unavailable ({e})") from e
-            except redis.exceptions.RedisError as e:
-                raise BackendError(f"{what} failed on {self.description}: {type(e).__name__}: {e}") from e
+        fast = budget >= self._socket_timeout
+        return retrying(
+            what,
+            lambda attempt: self._once(key, args, attempt, fast and attempt.number == 1),
+            _clock.now() + budget,
+            self._errors,
+        )
+
+    def _refresh_after(self, error: Exception, deadline: float) -> bool:
+        """After a redirection or a lost connection the Cluster layout may have changed: re-learn it, retry as usual."""
+        if isinstance(error, redis.exceptions.AskError | redis.exceptions.ConnectionError) and not _refused(error):
+            with contextlib.suppress(redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                self._target.refresh()
+        return False
+
+    def _translate(self, error: Exception, what: str) -> BackendError | None:
+        if _refused(error):
+            return AuthenticationFailed(f"{what}: {self.description} refused the credentials: {error}")
+        if isinstance(error, redis.exceptions.NoScriptError):
+            return None  # _script answers it with EVAL
+        if _retryable(error):
+            return BackendUnavailable(f"{what}: {self.description} is unavailable ({error})")
+        if isinstance(error, redis.exceptions.RedisError):
+            return BackendError(f"{what} failed on {self.description}: {type(error).__name__}: {error}")
+        return None
 
     def _script(self, what: str, script: _Script, keys: tuple[str, ...], *args: Any) -> tuple[Any, int]:
         try:

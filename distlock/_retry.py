@@ -1,0 +1,94 @@
+"""The one retry loop of every backend: attempts with exponential back-off until a deadline, errors translated once.
+
+A backend request is idempotent by construction (see each backend's module docstring), so a request that failed
+with an error meaning "not now" (a member restarting, a failover, a dropped connection) is simply sent again. What
+each backend brings is its :class:`ErrorTable`: which of its client library's exceptions may be retried, what can
+be repaired before trying again (an expired etcd auth token, a Redis Cluster's slot map), and which distlock error
+each exception becomes (``BackendUnavailable``, ``AuthenticationFailed``, ``LeaseGone``, ``BackendError``).
+
+The loop sleeps 20 ms after the first failure, doubling up to half a second, and never sleeps past the deadline:
+when the next pause would end after it, the last error is translated and raised (a retryable error becomes
+``BackendUnavailable``), with the client library's exception as ``__cause__``. An exception the table does not
+know (a distlock error raised inside the attempt, a programming error) passes through unchanged.
+
+Every attempt is handed an :class:`Attempt` carrying its own deadline; today that is the request's deadline, and a
+per-attempt bound (so that one hung member cannot use up the whole request's time) only has to shorten it here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from . import _clock
+from ._errors import BackendError, BackendUnavailable
+
+__all__ = ["Attempt", "ErrorTable", "retrying"]
+
+_R = TypeVar("_R")
+
+_FIRST_BACKOFF = 0.02
+_MAX_BACKOFF = 0.5
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a request: its ``number`` (1 for the first) and the clock time it must have answered by."""
+
+    number: int
+    deadline: float
+
+    @property
+    def timeout(self) -> float:
+        """Seconds left for this attempt (may be <= 0 when its deadline has passed)."""
+        return self.deadline - _clock.now()
+
+
+def _never(error: Exception, deadline: float) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class ErrorTable:
+    """How one backend's client errors read.
+
+    ``retryable(error)``: the error means "not now", try again after a pause. ``translate(error, what)``: the
+    distlock error to raise instead (None: not a client error, let it through unchanged). ``recover(error,
+    deadline)``: repair what the error says is broken before the next attempt; True when that repair makes an
+    immediate retry worthwhile (allowed once per request), False to go on with the usual rules.
+    """
+
+    description: str
+    retryable: Callable[[Exception], bool]
+    translate: Callable[[Exception, str], BackendError | None]
+    recover: Callable[[Exception, float], bool] = _never
+
+
+def retrying(what: str, attempt: Callable[[Attempt], _R], deadline: float, errors: ErrorTable) -> tuple[_R, int]:
+    """Run ``attempt`` until it answers or ``deadline`` passes; return its answer and the number of attempts made.
+
+    ``what`` names the request in error messages ("enqueue for lock 'x'").
+    """
+    delay = _FIRST_BACKOFF
+    number = 0
+    recovered = False
+    while True:
+        if _clock.now() >= deadline:
+            raise BackendUnavailable(f"{what}: {errors.description} did not answer in time")
+        number += 1
+        try:
+            return attempt(Attempt(number, deadline)), number
+        except Exception as error:
+            if not recovered and errors.recover(error, deadline):
+                recovered = True
+                continue
+            if errors.retryable(error) and _clock.now() + delay < deadline:
+                time.sleep(delay)
+                delay = min(delay * 2, _MAX_BACKOFF)
+                continue
+            translated = errors.translate(error, what)
+            if translated is None:
+                raise
+            raise translated from error
