@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+__all__ = ["now"]
+
 if hasattr(time, "CLOCK_BOOTTIME"):
     _BOOTTIME = time.CLOCK_BOOTTIME
 

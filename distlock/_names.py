@@ -4,18 +4,25 @@ A backend stores each lock under ``<prefix>/<escaped name>/`` and ranges over th
 waiters. With a naive ``name + "/"`` the range of lock ``a`` would contain the keys of lock ``a/b``, and ``a`` would
 queue behind ``a/b``'s waiters. Escaping ``%`` and ``/`` (and nothing else, so keys stay readable) makes the escaped
 name free of ``/`` and the mapping injective: ``a/b`` becomes ``a%2Fb``, and a literal ``a%2Fb`` becomes ``a%252Fb``.
+A backend whose keys reserve more characters (Redis: the braces of a hash tag) names them, and they are escaped the
+same way; there is one escaper and one inverse for every backend.
 
 What can go wrong is only bad input, and that raises :class:`~distlock.InvalidLockName` before anything is sent.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from ._errors import InvalidLockName
 
+__all__ = ["MAX_NAME_BYTES", "escape_name", "unescape_name", "validate_name"]
+
 #: Longest accepted name, in UTF-8 bytes. etcd keys may be larger, but a name this long is a bug in the caller.
 MAX_NAME_BYTES = 1024
+
+_ESCAPE = re.compile("%([0-9A-F]{2})")
 
 
 def validate_name(name: object) -> str:
@@ -42,11 +49,18 @@ def validate_name(name: object) -> str:
     return name
 
 
-def escape_name(name: str) -> str:
-    """The key-safe form of a validated name: ``%`` → ``%25``, ``/`` → ``%2F``; injective and free of ``/``."""
-    return name.replace("%", "%25").replace("/", "%2F")
+def escape_name(name: str, reserved: str = "/") -> str:
+    """The key-safe form of a validated name: ``%`` and every (ASCII) character of ``reserved`` become ``%XX``.
+
+    Injective and free of the reserved characters: ``a/b`` → ``a%2Fb``, ``a%2Fb`` → ``a%252Fb``. etcd keys reserve
+    ``/``; Redis keys also reserve the braces of their hash tags (``{`` → ``%7B``, ``}`` → ``%7D``).
+    """
+    escaped = name.replace("%", "%25")
+    for char in reserved:
+        escaped = escaped.replace(char, f"%{ord(char):02X}")
+    return escaped
 
 
 def unescape_name(escaped: str) -> str:
-    """Inverse of :func:`escape_name` (for inspection tools)."""
-    return escaped.replace("%2F", "/").replace("%25", "%")
+    """Inverse of :func:`escape_name`, whatever was reserved (for inspection tools)."""
+    return _ESCAPE.sub(lambda match: chr(int(match.group(1), 16)), escaped)

@@ -1,7 +1,7 @@
 """The Redis backend: the primitives of ``_protocol.Backend`` as Lua scripts over redis-py connections.
 
-Keys of lock ``N`` (``E`` is the escaped name, see ``_redis_name``), all with the hash tag ``{E}`` so that every
-script touches one Redis Cluster slot::
+Keys of lock ``N`` (``E`` is the name escaped by ``_names.escape_name``, braces included), all with the hash tag
+``{E}`` so that every script touches one Redis Cluster slot::
 
     <prefix>:{E}:q          sorted set: the FIFO queue, member "<lease hex>-<nonce>", score = its fencing token
     <prefix>:{E}:token      the token counter: never expires
@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import secrets
 import socket
 import threading
@@ -59,7 +58,7 @@ from typing import Any
 
 from .. import _clock
 from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
-from .._names import escape_name
+from .._names import escape_name, unescape_name
 from .._protocol import (
     Holder,
     Interrupt,
@@ -221,12 +220,9 @@ def _sha1(text: str) -> str:
 ENQUEUE, POSITION, REMOVE, HEAD = (_Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD))
 
 
-def _redis_name(name: str) -> str:
-    """The hash-tag-safe form of a lock name: ``escape_name`` plus ``{`` and ``}`` (injective, brace-free)."""
-    return escape_name(name).replace("{", "%7B").replace("}", "%7D")
-
-
-_ESCAPES = {"%25": "%", "%2F": "/", "%7B": "{", "%7D": "}"}
+#: Besides ``/``, braces are escaped in lock names: a brace would end the ``{hash tag}`` that keeps a lock's keys in
+#: one Cluster slot.
+_RESERVED = "/{}"
 
 
 def _name_of(key: str, prefix: str) -> str | None:
@@ -234,7 +230,7 @@ def _name_of(key: str, prefix: str) -> str | None:
     start = f"{prefix}:{{"
     if not (key.startswith(start) and key.endswith("}:q")):
         return None
-    return re.sub("%(25|2F|7B|7D)", lambda m: _ESCAPES[m.group(0)], key[len(start) : -3])
+    return unescape_name(key[len(start) : -3])
 
 
 def _lease_of(member: bytes) -> int:
@@ -437,7 +433,7 @@ class RedisBackend:
 
     def _lock_keys(self, name: str) -> str:
         """The common start of every key of lock ``name``: ``<prefix>:{<escaped>}:``."""
-        return f"{self._prefix}:{{{_redis_name(name)}}}:"
+        return f"{self._prefix}:{{{escape_name(name, _RESERVED)}}}:"
 
     # -- request plumbing -------------------------------------------------------------------------------------
 
