@@ -33,6 +33,7 @@ from ._errors import (
 from ._fence import Fence, current_fence, fence_for, fence_for_write, stale_token_message
 from ._lock import AsyncLock, Lock, current_lock, current_token
 from ._protocol import Holder
+from ._seconds import seconds
 from ._template import KeyTemplate
 
 __version__ = "0.1.0"
@@ -68,5 +69,6 @@ __all__ = [
     "current_token",
     "fence_for",
     "fence_for_write",
+    "seconds",
     "stale_token_message",
 ]

@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ._errors import ConfigurationError
 from ._lock import AsyncLock, Lock
 from ._protocol import Backend, Holder, LockState
+from ._seconds import seconds
 from ._session import Keeper
 
 __all__ = ["Client", "connect"]
@@ -232,13 +233,7 @@ def _prefix(options: dict[str, Any], query: dict[str, str], forbidden: str = "")
 
 
 def _timeouts(options: dict[str, Any]) -> dict[str, float]:
-    timeouts = {}
-    for name in ("connect_timeout", "request_timeout"):
-        value = options.get(name, 5.0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-            raise ConfigurationError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        timeouts[name] = float(value)
-    return timeouts
+    return {name: seconds(options.get(name, 5.0), name) for name in ("connect_timeout", "request_timeout")}
 
 
 def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:

@@ -41,6 +41,7 @@ from . import _clock
 from ._errors import BackendError, ConfigurationError, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ._names import validate_name
 from ._protocol import Interrupt, LeaseGone, Ticket, owner_record
+from ._seconds import seconds
 from ._session import Session
 
 if TYPE_CHECKING:
@@ -72,18 +73,6 @@ def current_token(name: str | None = None) -> int | None:
     return None if lock is None else lock.token
 
 
-def _check_seconds(value: float | None, what: str, *, allow_none: bool, allow_zero: bool) -> None:
-    if value is None:
-        if not allow_none:
-            raise ConfigurationError(f"{what} must be a number of seconds, not None")
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{what} must be a number of seconds, not {type(value).__name__}: {value!r}")
-    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigurationError(f"{what} must be {bound} seconds, got {value!r}")
-
-
 class Lock:
     """A handle on one distributed lock. Create with ``client.lock(name, ttl=..., timeout=...)``.
 
@@ -109,16 +98,11 @@ class Lock:
         validate_name(name)
         if owner is not None and (not isinstance(owner, str) or not owner.isprintable() or not 0 < len(owner) <= 256):
             raise ConfigurationError(f"owner must be a printable str of 1 to 256 characters, not {owner!r}")
-        _check_seconds(ttl, "ttl (the lease length)", allow_none=False, allow_zero=False)
-        if ttl == math.inf:
-            raise ConfigurationError("ttl must be finite: it is how long a dead holder keeps the lock")
-        _check_seconds(timeout, "timeout (how long to wait)", allow_none=False, allow_zero=True)
-        _check_seconds(max_hold, "max_hold", allow_none=True, allow_zero=False)
         self._client = client
         self.name = name
-        self.ttl = float(ttl)
-        self.timeout = float(timeout)
-        self.max_hold = max_hold
+        self.ttl = seconds(ttl, "ttl (the lease length)")
+        self.timeout = seconds(timeout, "timeout (how long to wait)", allow_zero=True, allow_forever=True)
+        self.max_hold = seconds(max_hold, "max_hold", allow_none=True)
         self._on_lost = on_lost
         self.owner = owner
         self._mutex = threading.Lock()
@@ -152,7 +136,7 @@ class Lock:
 
     def _acquire(self, blocking: bool, timeout: float | None, cancel: Interrupt) -> bool:
         if timeout is not None:
-            _check_seconds(timeout, "timeout (how long to wait)", allow_none=False, allow_zero=True)
+            timeout = seconds(timeout, "timeout (how long to wait)", allow_zero=True, allow_forever=True)
         wait = (timeout if timeout is not None else self.timeout) if blocking else 0.0
         deadline = _clock.now() + wait
         with self._mutex:

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from distlock import ConfigurationError
+from distlock import ConfigurationError, seconds
 
 __all__ = ["DEFAULTS", "conf", "lock_name"]
 
@@ -62,6 +62,8 @@ def conf() -> Mapping[str, Any]:
         merged = {**DEFAULTS, **user}
         if merged["FENCING"] not in ("on", "strict"):
             raise ConfigurationError(f"DISTLOCK['FENCING'] must be 'on' or 'strict', not {merged['FENCING']!r}")
+        seconds(merged["TTL"], "DISTLOCK['TTL']")
+        seconds(merged["TIMEOUT"], "DISTLOCK['TIMEOUT']", allow_zero=True, allow_forever=True)
         if merged["CONTENTION_STATUS"] not in (423, 409, None):
             raise ConfigurationError("DISTLOCK['CONTENTION_STATUS'] must be 423, 409 or None (raise LockNotAcquired)")
         _cache = merged

@@ -10,11 +10,10 @@ is sent — and a bad one raises ``ConfigurationError`` naming the option and wh
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from distlock import ConfigurationError
+from distlock import ConfigurationError, seconds
 
 __all__ = ["CALL_KEYS", "LOCK_ON", "ON_DUPLICATE", "Options"]
 
@@ -93,17 +92,9 @@ class Options:
                 f"choose one of {choices}"
             )
         options = dataclasses.replace(self, **fields)
-        _seconds(options.ttl, "lock_ttl (the lease length)", where, allow_zero=False)
-        _seconds(options.timeout, "lock_timeout (how long a worker waits for a busy lock)", where, allow_zero=True)
-        _seconds(options.retry_delay, "duplicate_retry_delay", where, allow_zero=True)
-        for name, value in (("lock_max_hold", options.max_hold), ("lock_max_queued", options.max_queued)):
-            if value is not None:
-                _seconds(value, name, where, allow_zero=False)
+        seconds(options.ttl, f"{where}: lock_ttl (the lease length)")
+        seconds(options.timeout, f"{where}: lock_timeout (how long a worker waits for a busy lock)", allow_zero=True)
+        seconds(options.retry_delay, f"{where}: duplicate_retry_delay", allow_zero=True)
+        seconds(options.max_hold, f"{where}: lock_max_hold", allow_none=True)
+        seconds(options.max_queued, f"{where}: lock_max_queued", allow_none=True)
         return options
-
-
-def _seconds(value: object, name: str, where: str, *, allow_zero: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or math.isinf(value):
-        raise ConfigurationError(f"{where}: {name} must be a finite number of seconds, not {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigurationError(f"{where}: {name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {value!r}")

@@ -33,6 +33,9 @@ def test_the_test_project_passes_its_checks(django_servers: dict[str, str]) -> N
         ({"RULES": [{"url_name": "x", "key": "a", "colour": 1}]}, "distlock.E003"),
         ({"FENCING": "sometimes"}, "distlock.E001"),
         ({"TTL_SECONDS": 3}, "distlock.E001"),
+        ({"TTL": 0}, "distlock.E001"),
+        ({"TTL": 1e12}, "distlock.E001"),
+        ({"TIMEOUT": "thirty"}, "distlock.E001"),
     ],
 )
 def test_bad_settings_are_reported(settings: dict[str, Any], expected: str) -> None:
