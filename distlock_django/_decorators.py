@@ -67,12 +67,6 @@ def conflict_response() -> HttpResponse:
     )
 
 
-def _positive(value: float | None, what: str) -> float | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
-        raise distlock.ConfigurationError(f"{what} must be a number of seconds >= 0, not {value!r}")
-    return value
-
-
 class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(...), with distributed_lock(...)
     """Decorate a view/function (or use as a context manager) to hold a distributed lock around it."""
 
@@ -80,8 +74,8 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
         self, key: str, *, ttl: float | None = None, timeout: float | None = None, blocking: bool = True
     ) -> None:
         self.template = KeyTemplate(key)
-        self.ttl = _positive(ttl, "ttl")
-        self.timeout = _positive(timeout, "timeout")
+        self.ttl = distlock.seconds(ttl, "ttl", allow_none=True)
+        self.timeout = distlock.seconds(timeout, "timeout", allow_zero=True, allow_forever=True, allow_none=True)
         self.blocking = blocking
         self._held: contextvars.ContextVar[tuple[distlock.Lock, ...]] = contextvars.ContextVar(
             f"distlock_django_{id(self)}", default=()

@@ -84,10 +84,10 @@ def compile_rules(rules: object) -> list[Rule]:
         methods = rule.get("methods", UNSAFE_METHODS)
         if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
             raise ConfigurationError(f"{where}: 'methods' must be a list of HTTP method names")
-        for what in ("ttl", "timeout"):
-            value = rule.get(what)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
-                raise ConfigurationError(f"{where}: {what!r} must be a number of seconds >= 0")
+        distlock.seconds(rule.get("ttl"), f"{where}: 'ttl'", allow_none=True)
+        distlock.seconds(
+            rule.get("timeout"), f"{where}: 'timeout'", allow_zero=True, allow_forever=True, allow_none=True
+        )
         try:
             template = KeyTemplate(rule["key"])
         except distlock.InvalidKeyTemplate as e:
