@@ -31,7 +31,7 @@ from ._errors import (
     UnfencedWrite,
 )
 from ._fence import Fence, current_fence, fence_for, fence_for_write, stale_token_message
-from ._lock import AsyncLock, Lock, current_lock, current_token
+from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
 from ._protocol import Holder
 from ._seconds import seconds
 from ._template import KeyTemplate
@@ -60,6 +60,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "LockOptions",
     "StaleFenceToken",
     "UnfencedWrite",
     "__version__",

@@ -27,13 +27,12 @@ import atexit
 import contextlib
 import os
 import weakref
-from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ._errors import ConfigurationError
-from ._lock import AsyncLock, Lock
+from ._lock import AsyncLock, Lock, LockOptions
 from ._protocol import Backend, Holder, LockState
 from ._seconds import seconds
 from ._session import Keeper
@@ -68,32 +67,15 @@ class Client:
     def __repr__(self) -> str:
         return f"<distlock.Client {self.description}{' closed' if self._closed else ''}>"
 
-    def lock(
-        self,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        timeout: float = 60.0,
-        max_hold: float | None = None,
-        on_lost: Callable[[Lock], None] | None = None,
-        owner: str | None = None,
-    ) -> Lock:
-        """A handle on lock ``name``: ``ttl`` is the lease length, ``timeout`` the default wait (see :class:`Lock`)."""
+    def lock(self, name: str, **options: Unpack[LockOptions]) -> Lock:
+        """A handle on lock ``name``: ``ttl`` is the lease length, ``timeout`` the default wait (see
+        :class:`LockOptions` for every option and its default, :class:`Lock` for the handle)."""
         self._check_open()
-        return Lock(self, name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost, owner=owner)
+        return Lock(self, name, **options)
 
-    def async_lock(
-        self,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        timeout: float = 60.0,
-        max_hold: float | None = None,
-        on_lost: Callable[[Lock], None] | None = None,
-        owner: str | None = None,
-    ) -> AsyncLock:
+    def async_lock(self, name: str, **options: Unpack[LockOptions]) -> AsyncLock:
         """The asyncio twin of :meth:`lock`."""
-        return AsyncLock(self.lock(name, ttl=ttl, timeout=timeout, max_hold=max_hold, on_lost=on_lost, owner=owner))
+        return AsyncLock(self.lock(name, **options))
 
     def holder(self, name: str) -> Holder | None:
         """Who holds lock ``name`` now (its owner id, the token, the number of waiters), or None."""

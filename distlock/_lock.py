@@ -35,7 +35,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, TypedDict, Unpack
 
 from . import _clock
 from ._errors import BackendError, ConfigurationError, LockError, LockLost, LockNotAcquired, LockNotOwned
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ._client import Client
     from ._fence import Fence
 
-__all__ = ["AsyncLock", "Lock", "current_lock", "current_token"]
+__all__ = ["AsyncLock", "Lock", "LockOptions", "current_lock", "current_token"]
 
 log = logging.getLogger("distlock")
 
@@ -73,37 +73,50 @@ def current_token(name: str | None = None) -> int | None:
     return None if lock is None else lock.token
 
 
+class LockOptions(TypedDict, total=False):
+    """The keyword options of ``client.lock(name, ...)`` and ``client.async_lock(name, ...)``, all optional.
+
+    ``ttl`` (default 30 s): the lease, how long the lock outlives a holder that stopped answering. ``timeout``
+    (default 60 s): how long ``acquire()`` and ``with`` wait; ``math.inf`` waits forever, 0 does not wait.
+    ``max_hold`` (default None, no bound): the most the lock may be held at all. ``on_lost(lock)`` (default None):
+    called on a background thread when the lock becomes lost. ``owner`` (default: a random id per acquisition):
+    the id ``client.holder(name).owner`` reports while this handle holds the lock.
+    """
+
+    ttl: float
+    timeout: float
+    max_hold: float | None
+    on_lost: Callable[[Lock], None] | None
+    owner: str | None
+
+
+_KNOWN_OPTIONS = ", ".join(sorted(LockOptions.__optional_keys__))
+
+
 class Lock:
     """A handle on one distributed lock. Create with ``client.lock(name, ttl=..., timeout=...)``.
 
-    ``ttl`` is the lease: how long the lock outlives a holder that stopped answering. ``timeout`` is how long
-    ``acquire()`` and ``with`` wait by default (``math.inf`` waits forever, 0 does not wait). ``max_hold`` bounds
-    how long the lock may be held at all: past it, the lock is released and marked lost even if the holder is
-    alive but hung. ``on_lost(lock)`` is called (on a background thread) when the lock becomes lost. ``owner`` is
-    the id ``client.holder(name).owner`` reports while this handle holds the lock (default: a random id per
-    acquisition), so other processes can tell who holds it (the Celery integration stores the task id there).
+    The options (:class:`LockOptions`) are checked once, here. Past ``max_hold`` the lock is released and marked
+    lost even if the holder is alive but hung. ``owner`` lets other processes tell who holds the lock (the Celery
+    integration stores the task id there).
     """
 
-    def __init__(
-        self,
-        client: Client,
-        name: str,
-        *,
-        ttl: float = 30.0,
-        timeout: float = 60.0,
-        max_hold: float | None = None,
-        on_lost: Callable[[Lock], None] | None = None,
-        owner: str | None = None,
-    ) -> None:
+    def __init__(self, client: Client, name: str, **options: Unpack[LockOptions]) -> None:
+        unknown = options.keys() - LockOptions.__optional_keys__
+        if unknown:
+            raise TypeError(f"unexpected lock option(s) {', '.join(sorted(unknown))}; known: {_KNOWN_OPTIONS}")
         validate_name(name)
+        owner = options.get("owner")
         if owner is not None and (not isinstance(owner, str) or not owner.isprintable() or not 0 < len(owner) <= 256):
             raise ConfigurationError(f"owner must be a printable str of 1 to 256 characters, not {owner!r}")
         self._client = client
         self.name = name
-        self.ttl = seconds(ttl, "ttl (the lease length)")
-        self.timeout = seconds(timeout, "timeout (how long to wait)", allow_zero=True, allow_forever=True)
-        self.max_hold = seconds(max_hold, "max_hold", allow_none=True)
-        self._on_lost = on_lost
+        self.ttl = seconds(options.get("ttl", 30.0), "ttl (the lease length)")
+        self.timeout = seconds(
+            options.get("timeout", 60.0), "timeout (how long to wait)", allow_zero=True, allow_forever=True
+        )
+        self.max_hold = seconds(options.get("max_hold"), "max_hold", allow_none=True)
+        self._on_lost = options.get("on_lost")
         self.owner = owner
         self._mutex = threading.Lock()
         self._busy = False

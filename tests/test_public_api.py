@@ -13,9 +13,9 @@ import distlock
 CONTRACT = {
     "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache",
     "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate",
-    "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "StaleFenceToken", "UnfencedWrite", "connect",
-    "current_fence", "current_lock", "current_token", "fence_for", "fence_for_write", "seconds",
-    "stale_token_message",
+    "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "StaleFenceToken",
+    "UnfencedWrite", "connect", "current_fence", "current_lock", "current_token", "fence_for", "fence_for_write",
+    "seconds", "stale_token_message",
 }  # fmt: skip
 
 

@@ -66,3 +66,11 @@ def test_the_validator_returns_a_float_and_passes_none_and_forever() -> None:
     assert distlock.seconds(math.inf, "x", allow_forever=True) == math.inf
     with pytest.raises(distlock.ConfigurationError, match=r"^DISTLOCK\['TTL'\] must be > 0 seconds, not 0$"):
         distlock.seconds(0, "DISTLOCK['TTL']")
+
+
+def test_an_unknown_lock_option_is_a_type_error(client: distlock.Client, lock_name: str) -> None:
+    options: dict[str, Any] = {"tll": 30}
+    with pytest.raises(TypeError, match=r"tll.*known: max_hold, on_lost, owner, timeout, ttl"):
+        client.lock(lock_name, **options)
+    with pytest.raises(TypeError, match="tll"):
+        client.async_lock(lock_name, **options)
