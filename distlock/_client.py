@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import os
 import weakref
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self, Unpack
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -36,13 +37,11 @@ from ._lock import AsyncLock, Lock, LockOptions
 from ._protocol import Backend, Holder, LockState
 from ._seconds import seconds
 from ._session import Keeper
+from .backends import SCHEMES, Scheme
 
 __all__ = ["Client", "connect"]
 
 _DEFAULT_PREFIX = "distlock"
-_ETCD_SCHEMES = ("etcd", "etcds")
-_REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
-_SCHEMES = (*_ETCD_SCHEMES, *_REDIS_SCHEMES)
 _QUERY = {"prefix", "ca", "cert", "key"}
 _OPTIONS = {"prefix", "username", "password", "ca_cert", "client_cert", "client_key", "connect_timeout"}
 _OPTIONS |= {"request_timeout"}
@@ -129,14 +128,14 @@ def connect(url: str, **options: Any) -> Client:
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"a distlock URL is a non-empty string like 'etcd://127.0.0.1:2379', not {url!r}")
     parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in _SCHEMES:
+    scheme = SCHEMES.get(parts.scheme.lower())
+    if scheme is None:
         raise ConfigurationError(
             f"unsupported distlock URL scheme {parts.scheme!r} in {_redact(url)!r}; use one of: "
-            + ", ".join(f"{s}://" for s in _SCHEMES)
+            + ", ".join(f"{s}://" for s in SCHEMES)
         )
     check = bool(options.pop("check", True))
-    backend = (_redis_backend if scheme in _REDIS_SCHEMES else _etcd_backend)(url, parts, options)
+    backend = _BUILDERS[scheme.backend](url, parts, scheme, options)
     client = Client(backend)
     if check:
         try:
@@ -218,7 +217,7 @@ def _timeouts(options: dict[str, Any]) -> dict[str, float]:
     return {name: seconds(options.get(name, 5.0), name) for name in ("connect_timeout", "request_timeout")}
 
 
-def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
+def _etcd_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
     from .backends._etcd import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
 
     netloc, username, password = _split_userinfo(parts.netloc)
@@ -236,14 +235,13 @@ def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
     ca = options.get("ca_cert", query.get("ca"))
     cert = options.get("client_cert", query.get("cert"))
     key = options.get("client_key", query.get("key"))
-    tls_wanted = parts.scheme.lower() == "etcds"
-    if (ca or cert or key) and not tls_wanted:
+    if (ca or cert or key) and not scheme.tls:
         raise ConfigurationError(f"TLS files given for {_redact(url)!r}: use the etcds:// scheme for TLS")
     timeouts = _timeouts(options)
     return EtcdBackend(
-        _parse_hosts(netloc, url, 2379),
+        _parse_hosts(netloc, url, scheme.default_port),
         prefix=prefix,
-        tls=TLSConfig(ca_cert=ca, client_cert=cert, client_key=key) if tls_wanted else None,
+        tls=TLSConfig(ca_cert=ca, client_cert=cert, client_key=key) if scheme.tls else None,
         username=username,
         password=password,
         connect_timeout=timeouts["connect_timeout"],
@@ -251,13 +249,11 @@ def _etcd_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
     )
 
 
-def _redis_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
+def _redis_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
     # Imports redis-py: only when a Redis URL is used.
     from .backends._redis import RedisBackend, RedisCluster, RedisServer
 
-    scheme = parts.scheme.lower()
-    cluster = scheme.endswith("+cluster")
-    tls = scheme.startswith("rediss")
+    cluster, tls = scheme.cluster, scheme.tls
     netloc, username, password = _split_userinfo(parts.netloc)
     if not netloc:
         raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. redis://127.0.0.1:6379/0")
@@ -281,7 +277,7 @@ def _redis_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
         raise ConfigurationError(
             f"distlock URL {_redact(url)!r} has a path {parts.path!r}; it can only name a database number (/0)"
         )
-    hosts = _parse_hosts(netloc, url, 6379)
+    hosts = _parse_hosts(netloc, url, scheme.default_port)
     if len(hosts) > 1 and not cluster:
         raise ConfigurationError(
             f"distlock URL {_redact(url)!r} names {len(hosts)} hosts; use redis+cluster:// for a Redis Cluster"
@@ -306,6 +302,12 @@ def _redis_backend(url: str, parts: Any, options: dict[str, Any]) -> Backend:
         connect_timeout=timeouts["connect_timeout"],
         request_timeout=timeouts["request_timeout"],
     )
+
+
+_BUILDERS: dict[str, Callable[[str, Any, Scheme, dict[str, Any]], Backend]] = {
+    "etcd": _etcd_backend,
+    "redis": _redis_backend,
+}
 
 
 def _after_fork_in_child() -> None:

@@ -15,17 +15,11 @@ from django.apps import apps
 from django.core import checks
 
 import distlock
+from distlock.backends import SCHEMES
 
 from ._conf import conf
 
 __all__ = ["check_fenced_models", "check_settings"]
-
-_EXTRAS = {
-    "etcd": ("grpc", "etcd"),
-    "etcds": ("grpc", "etcd"),
-    "redis": ("redis", "redis"),
-    "rediss": ("redis", "redis"),
-}
 
 
 @checks.register()
@@ -38,30 +32,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [checks.Error(str(e), hint="See distlock_django._conf for the keys.", id="distlock.E001")]
     errors: list[checks.CheckMessage] = []
     url = settings["URL"]
-    scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
-    if scheme not in _EXTRAS:
+    scheme = SCHEMES.get(urlsplit(url).scheme.lower() if isinstance(url, str) else "")
+    requires = () if scheme is None else scheme.requires
+    missing = [module for module in requires if importlib.util.find_spec(module) is None]
+    if scheme is None:
         errors.append(
             checks.Error(
                 f"DISTLOCK['URL'] = {url!r} is not a distlock URL",
-                hint="Use etcd://host:2379 (or etcds://, redis://).",
+                hint="Use one of " + ", ".join(f"{name}://" for name in SCHEMES) + " (etcd://host:2379).",
                 id="distlock.E002",
             )
         )
-    else:
-        module, extra = _EXTRAS[scheme]
-        if importlib.util.find_spec(module) is None:
-            errors.append(
-                checks.Error(
-                    f"DISTLOCK['URL'] uses {scheme}:// but {module!r} is not installed",
-                    hint=f"pip install 'distlock[{extra}]'",
-                    id="distlock.E005",
-                )
+    elif missing:
+        errors.append(
+            checks.Error(
+                f"DISTLOCK['URL'] uses {scheme.name}:// but {', '.join(map(repr, missing))} is not installed",
+                hint=f"pip install 'distlock[{scheme.extra}]'",
+                id="distlock.E005",
             )
-        else:
-            try:
-                distlock.connect(url, check=False, **dict(settings["OPTIONS"])).close()
-            except distlock.ConfigurationError as e:
-                errors.append(checks.Error(str(e), hint="Fix DISTLOCK['URL'] or ['OPTIONS'].", id="distlock.E002"))
+        )
+    else:
+        try:
+            distlock.connect(url, check=False, **dict(settings["OPTIONS"])).close()
+        except distlock.ConfigurationError as e:
+            errors.append(checks.Error(str(e), hint="Fix DISTLOCK['URL'] or ['OPTIONS'].", id="distlock.E002"))
     try:
         compile_rules(settings["RULES"])
     except distlock.ConfigurationError as e:

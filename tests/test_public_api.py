@@ -9,6 +9,7 @@ import pytest
 from _support import child_env
 
 import distlock
+import distlock.backends
 
 CONTRACT = {
     "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache",
@@ -24,6 +25,11 @@ def test_exported_names_stay_exported() -> None:
     assert distlock.__all__ == sorted(distlock.__all__)
     for name in distlock.__all__:
         assert hasattr(distlock, name), name
+
+
+def test_the_scheme_table_is_public() -> None:
+    assert set(distlock.backends.__all__) == {"SCHEMES", "Scheme"}
+    assert {"etcd", "etcds", "redis", "rediss", "redis+cluster", "rediss+cluster"} <= set(distlock.backends.SCHEMES)
 
 
 @pytest.mark.parametrize(

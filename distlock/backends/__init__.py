@@ -10,7 +10,63 @@ of its own.
 - ``_redis``: Lua scripts on a Redis server or Cluster (``redis://``, ``rediss://``, ``redis+cluster://``,
   ``rediss+cluster://``), needs the ``redis`` extra (redis-py).
 
-``distlock.connect(url)`` chooses the backend by the URL's scheme and imports its module only then, so importing
+``distlock.connect(url)`` chooses the backend by the URL's scheme, from the one table :data:`SCHEMES` (scheme ->
+backend, extra to install, default port, TLS, cluster), and imports the backend's module only then: importing
 :mod:`distlock` never imports grpc or redis-py, and a missing extra is a ``ConfigurationError`` naming the extra
-to install. This package therefore imports neither client library itself.
+to install. This package therefore imports neither client library itself; the Django system checks read the same
+table to tell a bad URL from a missing extra without connecting.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = ["SCHEMES", "Scheme"]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One URL scheme :func:`distlock.connect` accepts, and what it takes to use it.
+
+    ``backend`` names the module (``distlock.backends._<backend>``), ``extra`` the distlock extra that installs its
+    client library, ``requires`` the top-level modules that extra provides (look them up with
+    ``importlib.util.find_spec`` to know whether the scheme can work, without importing them), ``default_port`` the
+    port of a host given without one; ``tls`` and ``cluster`` say what the scheme asks for.
+    """
+
+    name: str
+    backend: str
+    extra: str
+    requires: tuple[str, ...]
+    default_port: int
+    tls: bool = False
+    cluster: bool = False
+
+
+def _etcd(name: str, *, tls: bool = False) -> Scheme:
+    return Scheme(name, backend="etcd", extra="etcd", requires=("grpc", "etcd3"), default_port=2379, tls=tls)
+
+
+def _redis(name: str, *, tls: bool = False, cluster: bool = False) -> Scheme:
+    return Scheme(
+        name, backend="redis", extra="redis", requires=("redis",), default_port=6379, tls=tls, cluster=cluster
+    )
+
+
+#: Every URL scheme ``connect()`` accepts, by name (lower case). The one table: ``connect()`` and the Django
+#: system checks both read it.
+SCHEMES: Mapping[str, Scheme] = MappingProxyType(
+    {
+        scheme.name: scheme
+        for scheme in (
+            _etcd("etcd"),
+            _etcd("etcds", tls=True),
+            _redis("redis"),
+            _redis("rediss", tls=True),
+            _redis("redis+cluster", cluster=True),
+            _redis("rediss+cluster", tls=True, cluster=True),
+        )
+    }
+)

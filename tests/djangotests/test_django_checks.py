@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.core.checks import run_checks
 from django.db import models
 from django.test.utils import isolate_apps, override_settings
 
 import distlock
+from distlock.backends import SCHEMES, Scheme
 from distlock_django import FencedModel, conf
 from distlock_django.checks import check_fenced_models, check_settings
 
@@ -41,6 +43,16 @@ def test_the_test_project_passes_its_checks(django_servers: dict[str, str]) -> N
 def test_bad_settings_are_reported(settings: dict[str, Any], expected: str) -> None:
     with override_settings(DISTLOCK=settings):
         assert expected in _ids(check_settings())
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES.values()), ids=list(SCHEMES))
+def test_manage_py_check_accepts_every_url_connect_accepts(scheme: Scheme) -> None:
+    hosts = "127.0.0.1:7001,127.0.0.1:7002" if scheme.cluster or scheme.backend == "etcd" else "127.0.0.1"
+    url = f"{scheme.name}://{hosts}"
+    distlock.connect(url, check=False).close()  # connect() takes it...
+    with override_settings(DISTLOCK={"URL": url}):
+        messages = run_checks()  # ...and so does manage.py check
+    assert [m for m in messages if m.id in ("distlock.E001", "distlock.E002", "distlock.E005")] == []
 
 
 def test_unknown_settings_raise_on_use() -> None:
