@@ -34,7 +34,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ._errors import ConfigurationError
 from ._lock import AsyncLock, Lock, LockOptions
-from ._protocol import Backend, Holder, LockState
+from ._protocol import Backend, Holder, Inspectable, LockState
 from ._seconds import seconds
 from ._session import Keeper
 from .backends import SCHEMES, Scheme
@@ -86,11 +86,9 @@ class Client:
     def inspect(self) -> list[LockState]:
         """Every lock with a holder or waiters under this client's prefix, in name order (for inspectors)."""
         self._check_open()
-        inspect = getattr(self._backend, "inspect", None)
-        if inspect is None:
+        if not isinstance(self._backend, Inspectable):
             raise ConfigurationError(f"{self.description} cannot list its locks (no inspect() in this backend)")
-        states: list[LockState] = inspect()
-        return states
+        return self._backend.inspect()
 
     def close(self) -> None:
         """Revoke this client's leases (releasing every lock it holds) and close its connection."""

@@ -27,7 +27,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ._errors import BackendError
 
@@ -94,16 +94,14 @@ class Ticket:
 class Position:
     """Where a ticket stands: ``held`` (head of the queue), ``gone`` (its key no longer exists), or waiting.
 
-    When waiting, ``ahead`` is the key of the waiter just in front and ``ahead_revision`` its revision; ``revision`` is
-    the store revision the answer was read at (an etcd watch starts right after it). ``waiters_ahead`` is a hint for
-    messages only, -1 when unknown.
+    When waiting, ``ahead`` is the key of the waiter just in front. ``waiters_ahead`` is a hint for messages only, -1
+    when unknown. The core reads nothing else; a backend that needs more to wait well (etcd: the revision the answer
+    was read at) returns a subclass of its own, and gets it back in :meth:`Backend.wait`.
     """
 
     held: bool
     gone: bool = False
     ahead: bytes = b""
-    ahead_revision: int = 0
-    revision: int = 0
     waiters_ahead: int = -1
 
 
@@ -138,8 +136,10 @@ class LockState:
     waiters: tuple[Waiter, ...]
 
 
+@runtime_checkable
 class Inspectable(Protocol):
-    """A backend that can list every lock under its prefix (for inspectors; optional)."""
+    """A backend that can list every lock under its prefix (for inspectors; optional: ``Client.inspect()`` checks
+    ``isinstance(backend, Inspectable)``)."""
 
     def inspect(self) -> list[LockState]:
         """Every lock with a holder or waiter, sorted by name."""

@@ -7,8 +7,10 @@ its watch thread dies with ``NameError`` on a broken stream). Everything this mo
 
 The queue follows etcd's Go ``concurrency.Mutex``: every waiter puts its own key ``<prefix>/<escaped name>/<lease
 hex>-<nonce>`` on its client's lease; the key with the smallest create revision holds the lock, and that revision is
-the fencing token. A waiter watches only the key just ahead of it, from the revision right after the read that found
-it, so a release wakes one waiter and no deletion can slip between the read and the watch.
+the fencing token. A waiter watches only the key just ahead of it, so a release wakes one waiter. The watch starts
+at the store's current revision, not right after the read that found the key ahead (etcd serves a watch that starts
+in the past only every 100 ms); when the watch starts at a later revision than that read, the waiter reads its
+place again before it blocks, so no deletion between the read and the watch goes unseen.
 
 What can go wrong: any member may be unreachable, restarting, or between leaders. Every request here is idempotent
 (puts are guarded by ``create_revision == 0``, deletes by ``create_revision == token``), so UNAVAILABLE answers are
@@ -24,7 +26,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -74,6 +76,13 @@ class TLSConfig:
             private_key=read(self.client_key, "client key"),
             certificate_chain=read(self.client_cert, "client certificate"),
         )
+
+
+@dataclass(frozen=True)
+class _EtcdPosition(Position):
+    """A waiting position, with the store ``revision`` it was read at: ``wait()`` compares its watch's start to it."""
+
+    revision: int = 0
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -343,11 +352,10 @@ class EtcdBackend:
         newest = response.responses[1].response_range
         ahead = [kv for kv in newest.kvs if kv.key != key]
         if not ahead:
-            return ticket, Position(held=True, revision=revision, waiters_ahead=0)
-        return ticket, Position(
+            return ticket, Position(held=True, waiters_ahead=0)
+        return ticket, _EtcdPosition(
             held=False,
             ahead=bytes(ahead[0].key),
-            ahead_revision=int(ahead[0].create_revision),
             revision=revision,
             waiters_ahead=int(newest.count) - 1,
         )
@@ -371,23 +379,23 @@ class EtcdBackend:
         revision = int(response.header.revision)
         kvs = response.kvs
         if not kvs or bytes(kvs[0].key) != ticket.key or int(kvs[0].create_revision) != ticket.revision:
-            return Position(held=False, gone=True, revision=revision)
+            return Position(held=False, gone=True)
         if len(kvs) < 2:
-            return Position(held=True, revision=revision, waiters_ahead=0)
-        return Position(
+            return Position(held=True, waiters_ahead=0)
+        return _EtcdPosition(
             held=False,
             ahead=bytes(kvs[1].key),
-            ahead_revision=int(kvs[1].create_revision),
             revision=revision,
             waiters_ahead=int(response.count) - 1,
         )
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
         self._connect()
-        # Watch from "now", not from position.revision + 1: etcd serves a watch that starts in the past from its
+        # Watch from "now", not from the read's revision + 1: etcd serves a watch that starts in the past from its
         # unsynced-watcher loop, every 100 ms, and under contention the revision has always moved on by the time
         # the watch is created. A deletion between our read and the watch's start would then go unseen, so when
         # the watch starts later than the read, we read the queue again (one more request) before waiting.
+        read_at = position.revision if isinstance(position, _EtcdPosition) else 0  # 0: always read again
         create = etcdrpc.WatchCreateRequest(key=position.ahead, filters=[etcdrpc.WatchCreateRequest.NOPUT])
         started = _clock.now()
         try:
@@ -404,7 +412,7 @@ class EtcdBackend:
                 if response.canceled or response.compact_revision:
                     return  # refused, or compacted: read the queue again
                 if response.created:
-                    if int(response.header.revision) > position.revision:
+                    if int(response.header.revision) > read_at:
                         now = self.position(ticket)
                         if now.held or now.gone or now.ahead != position.ahead:
                             return
@@ -502,17 +510,6 @@ class EtcdBackend:
             )
             states.append(LockState(name=name, holder=waiters[0], waiters=waiters[1:]))
         return states
-
-    def lock_names(self) -> Iterator[str]:
-        """Names of every lock with a holder or waiter under this prefix (for inspection tools)."""
-        request = etcdrpc.RangeRequest(key=self._prefix, range_end=_prefix_end(self._prefix), keys_only=True)
-        response, _ = self._unary("list locks", "Range", request)
-        seen: set[str] = set()
-        for kv in response.kvs:
-            escaped = bytes(kv.key)[len(self._prefix) :].split(b"/", 1)[0].decode("utf-8")
-            if escaped not in seen:
-                seen.add(escaped)
-                yield unescape_name(escaped)
 
 
 def _code(error: grpc.RpcError) -> grpc.StatusCode:

@@ -403,7 +403,12 @@ class RedisCluster(RedisTarget):
 
 
 class RedisBackend:
-    """Lock primitives on one Redis (server or cluster). Thread-safe; redis-py's pools reconnect after ``fork()``."""
+    """Lock primitives on one Redis (server or cluster). Thread-safe; reconnects lazily after ``fork()``.
+
+    The connections come from this module's own pools (``_Pool``, one per server), which notice a new pid and open
+    new connections in the child, leaving the parent's sockets alone; a Cluster's slot map is redis-py's
+    ``RedisCluster``, whose own pools do the same.
+    """
 
     def __init__(
         self, target: RedisTarget, *, prefix: str, connect_timeout: float = 5.0, request_timeout: float = 5.0
@@ -752,8 +757,8 @@ class RedisBackend:
         self._target.close()
 
     def after_fork(self) -> None:
-        # redis-py's pools notice the new pid and open new connections, leaving the parent's sockets alone. The
-        # parent's leases and queue entries are the parent's.
+        # Connections need nothing here: the pools notice the new pid (see the class docstring). The parent's leases
+        # and queue entries are the parent's.
         self._mutex = threading.Lock()
         self._lease_ttls = {}
         self._tickets = {}
@@ -765,7 +770,7 @@ def _position(answer: list[Any]) -> Position:
         return Position(held=False, gone=True)
     if state == 1:
         return Position(held=True, waiters_ahead=0)
-    return Position(held=False, ahead=bytes(answer[2]), ahead_revision=int(answer[3]), waiters_ahead=int(answer[4]) - 1)
+    return Position(held=False, ahead=bytes(answer[2]), waiters_ahead=int(answer[4]) - 1)
 
 
 def _shut_down(connection: Any) -> None:
