@@ -32,7 +32,7 @@ from ._errors import (
 )
 from ._fence import Fence, current_fence, fence_for, fence_for_write, stale_token_message
 from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
-from ._protocol import Holder
+from ._protocol import Holder, LockState, Waiter
 from ._seconds import seconds
 from ._template import KeyTemplate
 
@@ -61,8 +61,10 @@ __all__ = [
     "LockNotAcquired",
     "LockNotOwned",
     "LockOptions",
+    "LockState",
     "StaleFenceToken",
     "UnfencedWrite",
+    "Waiter",
     "__version__",
     "connect",
     "current_fence",

@@ -5,7 +5,8 @@ write to it must carry a token *of that lock*: tokens are comparable across name
 of another, busier lock would pass the ``fence_token <= :token`` check and defeat the fence. :func:`fence_for`
 finds the right fence in the current context (or checks one passed explicitly) and refuses any other.
 :func:`fence_for_write` is the whole policy Django's ``FencedModel`` and ``distlock_sqla`` apply to a row's write,
-and :func:`stale_token_message` the one explanation they give when the database refuses it.
+and :func:`stale_token_message` the one explanation they give when the database refuses it. (The
+:class:`Fence` value itself is defined next to the lock that hands it out, in ``_lock.py``.)
 
 What can go wrong: a fence of another lock is passed (``LockNotOwned``); no lock of that name is held here
 (:func:`fence_for` returns None; :func:`fence_for_write` raises ``LockNotOwned`` when other locks are held, since
@@ -15,24 +16,11 @@ the caller most likely holds the wrong one, and ``UnfencedWrite`` in strict mode
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ._errors import LockNotOwned, UnfencedWrite
-from ._lock import Lock, current_lock
+from ._lock import Fence, Lock, current_lock
 
 __all__ = ["Fence", "current_fence", "fence_for", "fence_for_write", "stale_token_message"]
-
-
-@dataclass(frozen=True)
-class Fence:
-    """A fencing token and the lock name it belongs to. ``Lock.fence`` gives the fence of a held lock."""
-
-    name: str
-    token: int
-
-    @classmethod
-    def of(cls, lock: Lock) -> Fence:
-        return cls(lock.name, lock.token)
 
 
 def current_fence(name: str | None = None) -> Fence | None:

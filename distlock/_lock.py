@@ -19,7 +19,8 @@ Races handled here, in prose:
 
 Each handle is for one holder at a time: locks are not re-entrant, and two threads that must exclude each other use
 two handles (``client.lock(name)`` is cheap). ``current_lock()``/``current_token()`` find the innermost lock held in
-the current context (thread or asyncio task), which fenced writes use.
+the current context (thread or asyncio task), which fenced writes use; ``lock.fence`` is the held token with its
+lock's name (a :class:`Fence`), which ``_fence.py`` checks against the row being written.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, TypedDict, Unpack
 
@@ -46,9 +48,8 @@ from ._session import Session
 
 if TYPE_CHECKING:
     from ._client import Client
-    from ._fence import Fence
 
-__all__ = ["AsyncLock", "Lock", "LockOptions", "current_lock", "current_token"]
+__all__ = ["AsyncLock", "Fence", "Lock", "LockOptions", "current_lock", "current_token"]
 
 log = logging.getLogger("distlock")
 
@@ -71,6 +72,18 @@ def current_token(name: str | None = None) -> int | None:
     """The fencing token of :func:`current_lock`, or None when no such lock is held in this context."""
     lock = current_lock(name)
     return None if lock is None else lock.token
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A fencing token and the lock name it belongs to. ``Lock.fence`` gives the fence of a held lock."""
+
+    name: str
+    token: int
+
+    @classmethod
+    def of(cls, lock: Lock) -> Fence:
+        return cls(lock.name, lock.token)
 
 
 class LockOptions(TypedDict, total=False):
@@ -262,8 +275,6 @@ class Lock:
     @property
     def fence(self) -> Fence:
         """The fencing token with this lock's name, for fenced writes. Raises if not held."""
-        from ._fence import Fence
-
         return Fence(self.name, self.token)
 
     @property
@@ -440,8 +451,6 @@ class AsyncLock:
     @property
     def fence(self) -> Fence:
         """The fencing token with this lock's name, for fenced writes. Raises if not held."""
-        from ._fence import Fence
-
         return Fence(self.name, self.token)
 
     @property

@@ -14,9 +14,9 @@ import distlock.backends
 CONTRACT = {
     "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache",
     "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate",
-    "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "StaleFenceToken",
-    "UnfencedWrite", "connect", "current_fence", "current_lock", "current_token", "fence_for", "fence_for_write",
-    "seconds", "stale_token_message",
+    "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "StaleFenceToken",
+    "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token", "fence_for",
+    "fence_for_write", "seconds", "stale_token_message",
 }  # fmt: skip
 
 
