@@ -5,12 +5,17 @@ prefork child opens its own connection); it lives in a :class:`distlock.ClientCa
 (called when ``DISTLOCK`` changes) empties. ``client_if_configured()`` is what the app hands to Celery's tasks (see
 ``apps.py``). What can go wrong: the lock service is unreachable on first use —
 ``BackendUnavailable`` from the first locked view, not at import time, so ``manage.py`` commands that take no lock
-keep working while etcd is down.
+keep working while etcd is down. When ``settings.DISTLOCK`` changes (tests' ``override_settings``), the client is
+closed and the next use connects with the new settings.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 import distlock
 
@@ -23,8 +28,8 @@ _clients = distlock.ClientCache()
 
 def get_client() -> distlock.Client:
     """The shared client (connecting on first use)."""
-    settings = conf()
-    return _clients.get(settings["URL"], settings["OPTIONS"])
+    configured = conf()
+    return _clients.get(configured["URL"], configured["OPTIONS"])
 
 
 def reset_client() -> None:
@@ -35,3 +40,9 @@ def reset_client() -> None:
 def client_if_configured() -> distlock.Client | None:
     """The shared client if the settings have a ``DISTLOCK`` dict, else None: what Celery's tasks fall back to."""
     return None if getattr(settings, "DISTLOCK", None) is None else get_client()
+
+
+@receiver(setting_changed)
+def _reconnect(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DISTLOCK":
+        reset_client()

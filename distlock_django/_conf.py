@@ -80,7 +80,4 @@ def lock_name(rendered: str) -> str:
 def _reload(*, setting: str, **kwargs: Any) -> None:
     global _cache
     if setting == "DISTLOCK":
-        _cache = None
-        from ._client import reset_client
-
-        reset_client()
+        _cache = None  # the shared client resets itself too (_client.py)
