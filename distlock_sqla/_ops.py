@@ -6,9 +6,9 @@ lock names from their columns, and takes each row's token from the lock of that 
 whose lock is not held raises ``UnfencedWrite`` (``LockNotOwned`` when other locks are held, or ``fence=`` is of
 another lock), with nothing written.
 
-- :func:`claim` (and :func:`claim_one`): claim-on-read (DESIGN §3). It selects the keys of the rows the statement
-  returns, claims them — ``UPDATE … SET fence_token = :t WHERE pk IN (…) AND fence_token <= :t`` — and only then
-  reads them (refreshing objects already in the session). A row that could not be claimed raises
+- :func:`claim` (and :func:`claim_one`): claim-on-read (docs/architecture.md). It selects the keys of the rows
+  the statement returns, claims them — ``UPDATE … SET fence_token = :t WHERE pk IN (…) AND fence_token <= :t`` —
+  and only then reads them (refreshing objects already in the session). A row that could not be claimed raises
   ``StaleFenceToken`` and nothing is read, so no caller ever holds data a newer holder may be changing.
 - :func:`fenced_update` / :func:`fenced_delete`: ``… WHERE pk IN (…) AND fence_token <= :t``, setting the token.
 - :func:`fenced_insert`: stores the token of each row's lock.
@@ -19,7 +19,7 @@ and none is half-written. A single row needs no savepoint. On SQLite with the py
 SQLAlchemy's documented pysqlite transaction set-up (``isolation_level=None`` and an explicit ``BEGIN``); an
 ``AUTOCOMMIT`` connection has no transaction to roll back, so use single-row operations there.
 
-Transactions (DESIGN §3): a claim made inside an open transaction keeps the database row locked (PostgreSQL's row
+Transactions: a claim made inside an open transaction keeps the database row locked (PostgreSQL's row
 lock, SQLite's write lock) until commit. That is what makes it safe to release the etcd lock before commit: the next
 holder's claim waits for the commit and then reads the committed data, never the old row. It also means a holder
 stalled mid-transaction stalls the next one at the database instead of at etcd: still safe, but not live until the

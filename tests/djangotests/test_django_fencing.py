@@ -49,7 +49,7 @@ def worker(worker_env: dict[str, str]) -> Iterator[DjangoWorker]:
 
 
 def _race(worker: DjangoWorker, claim: bool) -> tuple[dict[str, object], int, int]:
-    """DESIGN §3: A reads (claiming or not) and stalls past its lease; B reads; A writes; B writes.
+    """A write-only fence's lost update: A reads (claiming or not), stalls past its lease; B reads; A, then B writes.
 
     Returns A's write answer, B's token, and the final balance (it started at 100; both add 1 to what they read).
     """

@@ -8,7 +8,7 @@ command (flushed at once, so a test can SIGSTOP it between two):
   it first (``claim_one``) or not; commit right after (the autocommit path) or keep the transaction open.
 - ``{"op": "write", "guard": "flush"|"write-only", "commit": bool}`` → ``{"ok": true}``: write what was read + 1,
   by an ORM flush, or by a bare conditional ``UPDATE ... WHERE fence_token <= :t`` (``fenced_update``): the
-  write-only guard of DESIGN §3.
+  write-only guard (docs/architecture.md, claim on read).
 - ``{"op": "commit"}``, ``{"op": "release"}`` → ``{"ok": true}``
 - ``{"op": "increments", "id": I, "count": N, "ttl": S}`` → ``{"done": N}``: N times, lock the row, claim it, add 1
   and commit.

@@ -104,7 +104,7 @@ def test_the_lost_update_race_of_a_paused_holder(
     guard: str,
     newer_writes_first: bool,
 ) -> None:
-    """DESIGN §3: A reads, pauses past its lease; B takes the lock and reads; A wakes and writes; B writes.
+    """A write-only fence's lost update: A reads, pauses past its lease; B locks and reads; A wakes, writes; B writes.
 
     With claim-on-read A's write is refused and B's value stands. With the write-only guard (``UPDATE ... WHERE
     fence_token <= :t`` after a plain read) both writes pass and one increment is lost: the test catches the bug
