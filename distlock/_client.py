@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, Self, Unpack
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ._errors import ConfigurationError
+from ._errors import ClientClosed, ConfigurationError
 from ._lock import AsyncLock, Lock, LockOptions
 from ._protocol import Backend, Holder, Inspectable, LockState
 from ._seconds import seconds
@@ -106,7 +106,7 @@ class Client:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigurationError(f"this distlock client ({self.description}) is closed")
+            raise ClientClosed(f"this distlock client ({self.description}) is closed")
 
     def _after_fork(self) -> None:
         self._backend.after_fork()

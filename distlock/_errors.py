@@ -15,6 +15,7 @@ translated at the backend boundary and kept as ``__cause__``. The tree::
     │   ├── LockNotAcquired                    not acquired within ``timeout`` (or at once when not blocking)
     │   ├── LockNotOwned                       released or read while this handle does not hold it
     │   └── LockLost                           the lease behind it expired, was revoked, or the hold time ran out
+    ├── ClientClosed                           the client was closed (a wait on it ends with this too)
     ├── StaleFenceToken                        the database refused a write made with an older fencing token
     └── UnfencedWrite                          strict mode: a write to a fenced row without its lock's token
 
@@ -30,6 +31,7 @@ __all__ = [
     "AuthenticationFailed",
     "BackendError",
     "BackendUnavailable",
+    "ClientClosed",
     "ConfigurationError",
     "DistlockError",
     "InvalidKeyTemplate",
@@ -92,6 +94,12 @@ class LockLost(LockError):
 
     Another process may hold it now. Only fenced writes are still safe.
     """
+
+
+class ClientClosed(DistlockError):
+    """The client was closed (``close()``, the end of its ``with`` block, or interpreter exit): nothing more can be
+    done with it, and a call that was waiting on it when it closed ends with this error. Its leases were revoked, so
+    every lock it held is released."""
 
 
 class StaleFenceToken(DistlockError):

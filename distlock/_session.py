@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import _clock
-from ._errors import DistlockError
+from ._errors import ClientClosed, DistlockError
 from ._protocol import Backend, Lease, LeaseGone, Ticket
 
 __all__ = ["Keeper", "Member", "Session"]
@@ -102,7 +102,7 @@ class Keeper:
         with self._grant_mutex:
             with self._cond:
                 if self._closed:
-                    raise DistlockError("the distlock client is closed")
+                    raise ClientClosed("the distlock client is closed")
                 current = self._sessions.get(ttl)
                 if current is not None and not current.expired():
                     return current
@@ -127,7 +127,7 @@ class Keeper:
                     self._cond.notify_all()
             if closed:
                 self._revoke(session)
-                raise DistlockError("the distlock client is closed")
+                raise ClientClosed("the distlock client is closed")
             return session
 
     def attach(self, session: Session, member: Member) -> None:

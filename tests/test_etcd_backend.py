@@ -59,9 +59,9 @@ def test_a_request_racing_close_fails_with_a_distlock_error(
         return metadata()
 
     monkeypatch.setattr(backend, "_metadata", close_first)
-    with pytest.raises(distlock.BackendError, match="closed"):
+    with pytest.raises(distlock.ClientClosed, match="closed"):
         backend.holder(lock_name)
     monkeypatch.undo()
-    with pytest.raises(distlock.BackendError, match="closed"):  # and a closed backend does not reconnect
+    with pytest.raises(distlock.ClientClosed, match="closed"):  # and a closed backend does not reconnect
         backend.holder(lock_name)
     client.close()

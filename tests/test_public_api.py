@@ -12,7 +12,7 @@ import distlock
 import distlock.backends
 
 CONTRACT = {
-    "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache",
+    "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache", "ClientClosed",
     "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate",
     "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "StaleFenceToken",
     "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token", "fence_for",

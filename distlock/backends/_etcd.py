@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _clock
-from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
+from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
 from .._names import escape_name, unescape_name
 from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 from .._retry import Attempt, ErrorTable, retrying
@@ -175,7 +175,7 @@ class EtcdBackend:
     def _connect(self) -> grpc.Channel:
         with self._mutex:
             if self._closed:
-                raise BackendError(f"the distlock client for {self.description} is closed")
+                raise ClientClosed(f"the distlock client for {self.description} is closed")
             if self._channel is None:
                 target, options = self._target()
                 if self._credentials is not None:
@@ -228,7 +228,7 @@ class EtcdBackend:
             except ValueError as e:
                 if not _closed_channel(e):
                     raise
-                raise BackendError(f"{what}: the distlock client for {self.description} is closed") from e
+                raise ClientClosed(f"{what}: the distlock client for {self.description} is closed") from e
 
         return retrying(what, attempt, deadline, self._errors)
 

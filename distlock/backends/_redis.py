@@ -57,7 +57,7 @@ import time
 from typing import Any
 
 from .. import _clock
-from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
+from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
 from .._names import escape_name, unescape_name
 from .._protocol import (
     Holder,
@@ -271,7 +271,7 @@ class _Pool:
             if self._pid != os.getpid():
                 self._pid, self._idle = os.getpid(), []
             if self._closed:
-                raise BackendError("the distlock client is closed")
+                raise ClientClosed("the distlock client is closed")
             if self._idle:
                 return self._idle.pop()
         # No retry=: redis-py's connections then retry nothing; RedisBackend retries within its deadline. RESP2,
@@ -364,7 +364,7 @@ class RedisCluster(RedisTarget):
     def _slots(self) -> Any:
         with self._mutex:
             if self._closed:
-                raise BackendError("the distlock client is closed")
+                raise ClientClosed("the distlock client is closed")
             if self._cluster is None:
                 nodes = [redis.cluster.ClusterNode(host, port) for host, port in self._hosts]  # type: ignore[no-untyped-call]
                 self._cluster = redis.cluster.RedisCluster(startup_nodes=nodes, ssl=self._tls, **self._options)
