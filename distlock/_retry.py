@@ -11,8 +11,10 @@ when the next pause would end after it, the last error is translated and raised 
 ``BackendUnavailable``), with the client library's exception as ``__cause__``. An exception the table does not
 know (a distlock error raised inside the attempt, a programming error) passes through unchanged.
 
-Every attempt is handed an :class:`Attempt` carrying its own deadline; today that is the request's deadline, and a
-per-attempt bound (so that one hung member cannot use up the whole request's time) only has to shorten it here.
+Every attempt is handed an :class:`Attempt` carrying its own deadline: the request's deadline, or, when the backend
+passes ``attempt_budget``, an earlier one, so that one member that does not answer (frozen, cut off from its
+cluster) costs one short attempt instead of the whole request's time. The backend decides what a timed-out attempt
+means: only a request that is safe to send twice may be retried after one.
 """
 
 from __future__ import annotations
@@ -66,10 +68,17 @@ class ErrorTable:
     recover: Callable[[Exception, float], bool] = _never
 
 
-def retrying(what: str, attempt: Callable[[Attempt], _R], deadline: float, errors: ErrorTable) -> tuple[_R, int]:
+def retrying(
+    what: str,
+    attempt: Callable[[Attempt], _R],
+    deadline: float,
+    errors: ErrorTable,
+    attempt_budget: Callable[[int], float] | None = None,
+) -> tuple[_R, int]:
     """Run ``attempt`` until it answers or ``deadline`` passes; return its answer and the number of attempts made.
 
-    ``what`` names the request in error messages ("enqueue for lock 'x'").
+    ``what`` names the request in error messages ("enqueue for lock 'x'"). ``attempt_budget(number)``, when given,
+    is how many seconds attempt ``number`` may take at most (never past ``deadline``).
     """
     delay = _FIRST_BACKOFF
     number = 0
@@ -79,7 +88,8 @@ def retrying(what: str, attempt: Callable[[Attempt], _R], deadline: float, error
             raise BackendUnavailable(f"{what}: {errors.description} did not answer in time")
         number += 1
         try:
-            return attempt(Attempt(number, deadline)), number
+            bound = deadline if attempt_budget is None else min(deadline, _clock.now() + attempt_budget(number))
+            return attempt(Attempt(number, bound)), number
         except Exception as error:
             if not recovered and errors.recover(error, deadline):
                 recovered = True

@@ -11,7 +11,8 @@ import pytest
 from _support import wait_until
 
 import distlock
-from distlock.testing import EtcdCluster
+from distlock.backends._etcd import EtcdBackend
+from distlock.testing import EtcdCluster, EtcdServer
 
 pytestmark = pytest.mark.cluster
 
@@ -64,3 +65,54 @@ def test_killing_the_leader_keeps_exclusion_and_order(
     assert tokens == sorted(tokens), "fencing tokens went backwards"
     assert len(set(tokens)) == len(tokens), "a fencing token was handed out twice"
     assert len(errors) <= 4, errors
+
+
+def _member_of(cluster: EtcdCluster, client: distlock.Client) -> EtcdServer:
+    """The cluster member ``client`` sends its requests to now."""
+    backend = client._backend
+    assert isinstance(backend, EtcdBackend)
+    address = backend._member().address
+    (member,) = [m for m in cluster.members if m.endpoint == address]
+    return member
+
+
+def test_a_frozen_member_costs_no_error_while_a_quorum_is_healthy(etcd_cluster: EtcdCluster, lock_name: str) -> None:
+    # The member freezes for longer than the whole request_timeout: a request that waited for it would fail.
+    with distlock.connect(etcd_cluster.url, request_timeout=2) as client:
+        frozen = _member_of(etcd_cluster, client)
+        frozen.pause()
+        try:
+            acquired = 0
+            until = time.monotonic() + 3
+            while time.monotonic() < until:
+                with client.lock(lock_name, ttl=2, timeout=2):
+                    acquired += 1
+            assert frozen.paused  # every acquisition above happened while the member was frozen
+        finally:
+            frozen.resume()
+    assert acquired > 0
+
+
+def test_a_waiter_watching_a_frozen_member_still_gets_the_lock(etcd_cluster: EtcdCluster, lock_name: str) -> None:
+    with distlock.connect(etcd_cluster.url) as holder, distlock.connect(etcd_cluster.url) as waiter:
+        held = holder.lock(lock_name, ttl=5)
+        held.acquire()
+        got_it = threading.Event()
+
+        def wait_for_it() -> None:
+            with waiter.lock(lock_name, ttl=5, timeout=20):
+                got_it.set()
+
+        thread = threading.Thread(target=wait_for_it)
+        thread.start()
+        wait_until(lambda: (h := holder.holder(lock_name)) is not None and h.waiters == 1, 10, "the waiter to queue")
+        frozen = _member_of(etcd_cluster, waiter)  # the member its watch is on
+        frozen.pause()
+        try:
+            held.release()
+            # A watch on the frozen member never reports the release; the waiter must notice the silence and read
+            # its place from another member while this one is still frozen.
+            assert got_it.wait(8), "the waiter stayed on the frozen member's watch"
+        finally:
+            frozen.resume()
+            thread.join(30)

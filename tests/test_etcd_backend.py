@@ -29,7 +29,7 @@ def test_queue_reads_cut_short_mid_read_leave_etcd_running(etcd_server: EtcdServ
             for start in range(0, LONG_QUEUE, 100):  # etcd takes at most 128 operations per transaction
                 keys = (prefix + b"~%08d" % i for i in range(start, start + 100))
                 puts = [etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=b"x")) for key in keys]
-                backend._kv.Txn(etcdrpc.TxnRequest(success=puts), timeout=10)
+                backend._member().kv.Txn(etcdrpc.TxnRequest(success=puts), timeout=10)
             ticket = Ticket(name=lock_name, key=prefix + b"~%08d" % (LONG_QUEUE - 1), revision=1 << 40, lease_id=0)
             cut_short = 0
             for attempt in range(200):
@@ -53,10 +53,10 @@ def test_a_request_racing_close_fails_with_a_distlock_error(
     assert isinstance(backend, EtcdBackend)
     metadata = backend._metadata
 
-    def close_first() -> tuple[tuple[str, str], ...] | None:
+    def close_first(**options: bool) -> tuple[tuple[str, str], ...] | None:
         # Another thread's close() lands after this request took its stub and before it is sent.
         backend.close()
-        return metadata()
+        return metadata(**options)
 
     monkeypatch.setattr(backend, "_metadata", close_first)
     with pytest.raises(distlock.ClientClosed, match="closed"):

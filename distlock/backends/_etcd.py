@@ -12,21 +12,26 @@ at the store's current revision, not right after the read that found the key ahe
 in the past only every 100 ms); when the watch starts at a later revision than that read, the waiter reads its
 place again before it blocks, so no deletion between the read and the watch goes unseen.
 
-What can go wrong: any member may be unreachable, restarting, or between leaders. Every request here is idempotent
-(puts are guarded by ``create_revision == 0``, deletes by ``create_revision == token``), so UNAVAILABLE answers are
-retried with backoff until the request timeout, across every endpoint the channel knows; then
-``BackendUnavailable`` names the endpoints. A retried delete whose first attempt may have landed is reported as
-done, not as "already gone".
+What can go wrong: any member may be unreachable, frozen, cut off from its quorum, restarting, or between leaders.
+Every request goes to one preferred member; an UNAVAILABLE answer or (with several members) an attempt that takes
+longer than half a second moves the preference to the next member and retries there, with backoff, until the
+request timeout; then ``BackendUnavailable`` names the endpoints. Why a retry is safe even when the first attempt
+may have landed is explained at ``EtcdBackend._retrying``; a retried delete whose first attempt may have landed is
+reported as done, not as "already gone". Watches require a leader and are probed for silence (see ``wait``), so a
+waiter is never left on a member that cannot report the release. Keep-alives fail over like any request; the
+session's lost-lock deadline still counts from the last keep-alive that succeeded, so failing over never makes a
+lease look longer than it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import socket
+import queue
+import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,6 +54,122 @@ __all__ = ["EtcdBackend", "TLSConfig"]
 _R = TypeVar("_R")
 
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+#: With several members: the first attempt of a request may take this long before the next member is tried (each
+#: retry may take twice as long as the one before). etcd answers in milliseconds; a member that needs this long is
+#: frozen, cut off, or waiting for an election, and another member may answer sooner.
+_FIRST_ATTEMPT = 0.5
+#: The watchdog asks each watched member for a progress report this often, and cancels a watch whose member has
+#: said nothing for ``_WATCH_SILENCE`` s.
+_PROBE_EVERY = 0.2
+_WATCH_SILENCE = 0.6
+
+
+class _Member:
+    """One etcd member: its channel and the service stubs on it."""
+
+    def __init__(self, address: str, channel: grpc.Channel) -> None:
+        self.address = address
+        self.channel = channel
+        self.kv: Any = etcdrpc.KVStub(channel)
+        self.lease: Any = etcdrpc.LeaseStub(channel)
+        self.watch: Any = etcdrpc.WatchStub(channel)
+
+
+class _AttemptTimedOut(Exception):
+    """An attempt ran out of its own (shortened) time on one member; the request is retried on the next."""
+
+
+def _retryable(error: Exception) -> bool:
+    return isinstance(error, _AttemptTimedOut) or (isinstance(error, grpc.RpcError) and _code(error) in _RETRYABLE)
+
+
+def _timed_out(error: grpc.RpcError) -> bool:
+    # A deadline that runs out inside etcd comes back as UNKNOWN "context deadline exceeded".
+    return _code(error) == grpc.StatusCode.DEADLINE_EXCEEDED or "context deadline exceeded" in _details(error)
+
+
+class _Requests:
+    """The request side of a watch stream: the create request, then whatever :meth:`send` adds, until
+    :meth:`close`. gRPC reads it on a thread of its own, which ``close()`` lets end."""
+
+    def __init__(self, first: Any) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue.put(first)
+
+    def send(self, request: Any) -> None:
+        self._queue.put(request)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        request = self._queue.get()
+        if request is None:
+            self._queue.put(None)  # stays closed for any later read
+            raise StopIteration
+        return request
+
+
+@dataclass(eq=False)
+class _Watched:
+    member: _Member
+    responses: Any
+    requests: _Requests
+    heard: float
+    probed: float
+
+
+class _WatchDog:
+    """Cancels watches whose member stopped answering (several members only).
+
+    A frozen member keeps its TCP connections open and answers nothing: a watch on it would wait for a release it
+    never reports, and gRPC's own keep-alive pings may not be sent more often than every few seconds (etcd refuses
+    clients that ping faster). So one thread per client sends each watch a progress request (etcd answers it at
+    once, from the member itself) every ``_PROBE_EVERY`` s, and cancels a watch that has heard nothing for
+    ``_WATCH_SILENCE`` s, failing its member over. The thread runs only while there are watches.
+    """
+
+    def __init__(self, fail_over: Callable[[_Member], None]) -> None:
+        self._fail_over = fail_over
+        self._mutex = threading.Lock()
+        self._watched: set[_Watched] = set()
+        self._running = False
+
+    def watch(self, member: _Member, responses: Any, requests: _Requests) -> _Watched:
+        now = _clock.now()
+        watched = _Watched(member, responses, requests, heard=now, probed=now)
+        with self._mutex:
+            self._watched.add(watched)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="distlock-etcd-watchdog", daemon=True).start()
+        return watched
+
+    def forget(self, watched: _Watched) -> None:
+        with self._mutex:
+            self._watched.discard(watched)
+
+    def _run(self) -> None:
+        progress = etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest())
+        while True:
+            time.sleep(_PROBE_EVERY)
+            with self._mutex:
+                if not self._watched:
+                    self._running = False
+                    return
+                watched = list(self._watched)
+            now = _clock.now()
+            for each in watched:
+                if now - each.heard > _WATCH_SILENCE:
+                    self.forget(each)
+                    self._fail_over(each.member)
+                    each.responses.cancel()
+                elif now - each.probed >= _PROBE_EVERY:
+                    each.probed = now
+                    each.requests.send(progress)
 
 
 @dataclass(frozen=True)
@@ -128,24 +249,33 @@ class EtcdBackend:
         where = ",".join(_format_host(h, p) for h, p in endpoints)
         self.description = f"etcd at {where}"
         self._mutex = threading.Lock()
-        self._channel: grpc.Channel | None = None
+        self._members: list[_Member] = []
+        # Clients start on different members, so that reads and watches spread over the cluster.
+        self._preferred = random.randrange(len(endpoints))
         self._abandoned: list[grpc.Channel] = []
         self._auth_token: str | None = None
-        self._kv: Any = None
-        self._lease: Any = None
-        self._watch: Any = None
         self._closed = False
+        self._watchdog = _WatchDog(self._fail_over)
         self._errors = ErrorTable(
             description=self.description,
-            retryable=lambda e: isinstance(e, grpc.RpcError) and _code(e) in _RETRYABLE,
-            translate=lambda e, what: self._translate(e, what) if isinstance(e, grpc.RpcError) else None,
+            retryable=_retryable,
+            translate=self._translate,
             recover=self._recover,
         )
 
     # -- connection -------------------------------------------------------------------------------------------
+    #
+    # One gRPC channel per member, and one *preferred* member that every request goes to. A request that the member
+    # does not answer in time, or answers with UNAVAILABLE (down, restarting, no leader, leader changed), moves the
+    # preference to the next member and is retried there: with several members, an attempt may take at most
+    # ``_FIRST_ATTEMPT`` s, doubling on each retry, so a frozen or cut-off member costs about half a second, not the
+    # whole ``request_timeout``. (One channel balancing over every member would keep sending a share of requests to
+    # the member that hangs.) With a single endpoint there is nowhere to move, and an attempt may use the whole
+    # request's time, as before.
 
-    def _target(self) -> tuple[str, list[tuple[str, Any]]]:
-        options: list[tuple[str, Any]] = [
+    @staticmethod
+    def _channel_options() -> list[tuple[str, Any]]:
+        return [
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_timeout_ms", 5_000),
             ("grpc.initial_reconnect_backoff_ms", 50),
@@ -153,84 +283,100 @@ class EtcdBackend:
             ("grpc.max_reconnect_backoff_ms", 1_000),
             ("grpc.enable_retries", 0),
         ]
-        if len(self._endpoints) == 1:
-            host, port = self._endpoints[0]
-            return _format_host(host, port), options
-        # Several members: gRPC's static address list needs IP addresses; resolve names now. round_robin spreads
-        # requests, so a member that lost its leader (and answers "no leader") is only one of the retry targets.
-        addresses: list[str] = []
-        for host, port in self._endpoints:
-            try:
-                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except socket.gaierror as e:
-                raise BackendUnavailable(f"cannot resolve etcd host {host!r}: {e}") from e
-            ip = str(infos[0][4][0])
-            addresses.append(_format_host(ip, port))
-        family = "ipv6" if any(a.startswith("[") for a in addresses) else "ipv4"
-        options.append(("grpc.lb_policy_name", "round_robin"))
-        if self._tls is not None:
-            options.append(("grpc.ssl_target_name_override", self._endpoints[0][0]))
-        return f"{family}:{','.join(addresses)}", options
 
-    def _connect(self) -> grpc.Channel:
+    def _member(self) -> _Member:
+        """The member requests go to now (opening the channels on first use)."""
         with self._mutex:
             if self._closed:
                 raise ClientClosed(f"the distlock client for {self.description} is closed")
-            if self._channel is None:
-                target, options = self._target()
-                if self._credentials is not None:
-                    channel = grpc.secure_channel(target, self._credentials, options=options)
-                else:
-                    channel = grpc.insecure_channel(target, options=options)
-                self._kv = etcdrpc.KVStub(channel)
-                self._lease = etcdrpc.LeaseStub(channel)
-                self._watch = etcdrpc.WatchStub(channel)
-                self._channel = channel
-            return self._channel
+            if not self._members:
+                for host, port in self._endpoints:
+                    target = _format_host(host, port)
+                    options = self._channel_options()
+                    if self._credentials is not None:
+                        channel = grpc.secure_channel(target, self._credentials, options=options)
+                    else:
+                        channel = grpc.insecure_channel(target, options=options)
+                    self._members.append(_Member(target, channel))
+            return self._members[self._preferred % len(self._members)]
 
-    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+    def _fail_over(self, member: _Member) -> None:
+        """``member`` did not answer: prefer the next one, unless another request has moved on already."""
+        with self._mutex:
+            if self._members and self._members[self._preferred % len(self._members)] is member:
+                self._preferred = (self._preferred + 1) % len(self._members)
+
+    def _attempt_budget(self) -> Callable[[int], float] | None:
+        if len(self._endpoints) == 1:
+            return None
+        return lambda number: _FIRST_ATTEMPT * 2 ** (number - 1)
+
+    def _metadata(self, *, require_leader: bool = False) -> tuple[tuple[str, str], ...] | None:
         token = self._auth_token
-        return (("token", token),) if token is not None else None
+        pairs = ((("token", token),) if token is not None else ()) + (
+            (("hasleader", "true"),) if require_leader else ()
+        )
+        return pairs or None
 
     def _authenticate(self, deadline: float) -> None:
         if self._username is None:
             return
-        channel = self._connect()
-        stub = etcdrpc.AuthStub(channel)
         request = etcdrpc.AuthenticateRequest(name=self._username, password=self._password)
-        response, _ = self._retrying("authenticate", lambda t: stub.Authenticate(request, timeout=t), deadline)
+
+        def call(member: _Member, timeout: float) -> Any:
+            return etcdrpc.AuthStub(member.channel).Authenticate(request, timeout=timeout)
+
+        response, _ = self._retrying("authenticate", call, deadline)
         self._auth_token = str(response.token)
 
     def after_fork(self) -> None:
-        # The parent's channel and its threads are not ours: keep a reference (so no finaliser touches them in the
-        # child) and open a new channel on first use.
+        # The parent's channels and their threads are not ours: keep references (so no finaliser touches them in the
+        # child) and open new channels on first use.
         self._mutex = threading.Lock()
-        if self._channel is not None:
-            self._abandoned.append(self._channel)
-        self._channel = None
+        self._abandoned.extend(member.channel for member in self._members)
+        self._members = []
+        self._watchdog = _WatchDog(self._fail_over)
 
     def close(self) -> None:
         with self._mutex:
             self._closed = True
-            channel, self._channel = self._channel, None
-        if channel is not None:
-            channel.close()
+            members, self._members = self._members, []
+        for member in members:
+            member.channel.close()
 
     # -- request plumbing -------------------------------------------------------------------------------------
 
-    def _retrying(self, what: str, call: Callable[[float], _R], deadline: float) -> tuple[_R, int]:
-        """Run ``call(timeout)`` until it answers, retrying UNAVAILABLE with backoff until ``deadline``; return the
-        answer and the attempts made."""
+    def _retrying(self, what: str, call: Callable[[_Member, float], _R], deadline: float) -> tuple[_R, int]:
+        """Run ``call(member, timeout)`` on the preferred member until one answers, failing over to the next member
+        after an UNAVAILABLE answer or an attempt that ran out of time, with backoff, until ``deadline``; return the
+        answer and the attempts made.
+
+        Every request sent through here is safe to send twice, which is what makes an attempt whose outcome is
+        unknown (the member died after applying it, or answered too late) safe to retry elsewhere: enqueue is a
+        transaction guarded by ``create_revision(key) == 0`` (a second copy finds the key and reads it), release and
+        cancel delete only ``if create_revision(key) == token``, reads and keep-alives change nothing, a revoke of
+        a lease that is gone is not an error. The exception is a lease grant: a grant that landed but whose answer
+        was lost leaves an unused lease that carries no key and expires after its TTL.
+        """
 
         def attempt(attempt: Attempt) -> _R:
+            member = self._member()
             try:
-                return call(attempt.timeout)
+                return call(member, attempt.timeout)
             except ValueError as e:
                 if not _closed_channel(e):
                     raise
                 raise ClientClosed(f"{what}: the distlock client for {self.description} is closed") from e
+            except grpc.RpcError as e:
+                cut_short = attempt.deadline < deadline - 0.001
+                if cut_short and _timed_out(e):
+                    self._fail_over(member)
+                    raise _AttemptTimedOut(member.address) from e
+                if _code(e) in _RETRYABLE:
+                    self._fail_over(member)
+                raise
 
-        return retrying(what, attempt, deadline, self._errors)
+        return retrying(what, attempt, deadline, self._errors, self._attempt_budget())
 
     def _recover(self, error: Exception, deadline: float) -> bool:
         """An expired auth token: authenticate again and retry at once."""
@@ -241,17 +387,20 @@ class EtcdBackend:
 
     def _unary(self, what: str, method: str, request: Any, *, budget: float | None = None) -> tuple[Any, bool]:
         """One unary request with retries; returns the response and whether an earlier attempt may have landed."""
-        self._connect()
         deadline = _clock.now() + (self.request_timeout if budget is None else budget)
+        stub = "kv" if method in ("Txn", "Range") else "lease"
 
-        def call(timeout: float) -> Any:
-            stub = self._kv if method in ("Txn", "Range") else self._lease
-            return getattr(stub, method)(request, timeout=timeout, metadata=self._metadata())
+        def call(member: _Member, timeout: float) -> Any:
+            return getattr(getattr(member, stub), method)(request, timeout=timeout, metadata=self._metadata())
 
         response, attempts = self._retrying(what, call, deadline)
         return response, attempts > 1
 
-    def _translate(self, error: grpc.RpcError, what: str) -> BackendError:
+    def _translate(self, error: Exception, what: str) -> BackendError | None:
+        if isinstance(error, _AttemptTimedOut):
+            return BackendUnavailable(f"{what}: {self.description} did not answer in time (last tried: {error})")
+        if not isinstance(error, grpc.RpcError):
+            return None
         code = _code(error)
         details = _details(error)
         # A deadline that runs out inside etcd comes back as UNKNOWN "context deadline exceeded".
@@ -275,7 +424,6 @@ class EtcdBackend:
 
     def check(self) -> None:
         deadline = _clock.now() + self.connect_timeout
-        self._connect()
         self._authenticate(deadline)
         request = etcdrpc.RangeRequest(key=self._prefix, range_end=_prefix_end(self._prefix), count_only=True)
         try:
@@ -293,12 +441,11 @@ class EtcdBackend:
         return Lease(id=int(response.ID), ttl=float(response.TTL))
 
     def keep_alive(self, lease_id: int, timeout: float) -> float:
-        self._connect()
         deadline = _clock.now() + min(timeout, self.request_timeout)
 
-        def once(timeout: float) -> float:
+        def once(member: _Member, timeout: float) -> float:
             request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
-            responses = self._lease.LeaseKeepAlive(iter((request,)), timeout=timeout, metadata=self._metadata())
+            responses = member.lease.LeaseKeepAlive(iter((request,)), timeout=timeout, metadata=self._metadata())
             try:
                 for response in responses:
                     return float(response.TTL)
@@ -390,26 +537,37 @@ class EtcdBackend:
         )
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
-        self._connect()
         # Watch from "now", not from the read's revision + 1: etcd serves a watch that starts in the past from its
         # unsynced-watcher loop, every 100 ms, and under contention the revision has always moved on by the time
         # the watch is created. A deletion between our read and the watch's start would then go unseen, so when
         # the watch starts later than the read, we read the queue again (one more request) before waiting.
+        #
+        # A watch must not hang on a member that cannot tell us about the release: ``hasleader`` asks etcd to cancel
+        # it when the member has no leader (cut off from the quorum; the Go client's WithRequireLeader), and with
+        # several members the watchdog asks the member for a progress report every few hundred milliseconds and
+        # cancels the watch when it stays silent (a frozen member answers nothing, not even a cancel). Either way
+        # this returns, the member loses the preference, and the caller's next read goes to another member.
+        member = self._member()
         read_at = position.revision if isinstance(position, _EtcdPosition) else 0  # 0: always read again
         create = etcdrpc.WatchCreateRequest(key=position.ahead, filters=[etcdrpc.WatchCreateRequest.NOPUT])
+        requests = _Requests(etcdrpc.WatchRequest(create_request=create))
         started = _clock.now()
         try:
-            responses = self._watch.Watch(
-                iter((etcdrpc.WatchRequest(create_request=create),)), timeout=timeout, metadata=self._metadata()
-            )
+            responses = member.watch.Watch(requests, timeout=timeout, metadata=self._metadata(require_leader=True))
         except ValueError as e:
+            requests.close()
             if not _closed_channel(e):
                 raise
             return  # the caller's next read reports the closed client
         unregister = interrupt.on_fire(responses.cancel)
+        watched = self._watchdog.watch(member, responses, requests) if len(self._endpoints) > 1 else None
         try:
             for response in responses:
+                if watched is not None:
+                    watched.heard = _clock.now()
                 if response.canceled or response.compact_revision:
+                    if response.canceled and "no leader" in response.cancel_reason:
+                        self._fail_over(member)
                     return  # refused, or compacted: read the queue again
                 if response.created:
                     if int(response.header.revision) > read_at:
@@ -423,7 +581,8 @@ class EtcdBackend:
             code = _code(e)
             details = _details(e)
             timed_out = timeout is not None and _clock.now() - started >= timeout - 0.05
-            # Our deadline or cancel can surface as the server's own "context deadline exceeded/canceled" (UNKNOWN).
+            # Our deadline or cancel (the interrupt's, or the watchdog's for a silent member) can surface as the
+            # server's own "context deadline exceeded/canceled" (UNKNOWN).
             if (
                 interrupt.fired
                 or timed_out
@@ -433,18 +592,22 @@ class EtcdBackend:
             ):
                 return
             if code in _RETRYABLE:
-                # The member went away mid-watch. Pause briefly so a dead cluster is not spun on; the caller's
-                # next read retries across endpoints and raises if the cluster stays away.
+                # The member went away mid-watch, or has no leader. Move on, and pause briefly so a dead cluster is
+                # not spun on; the caller's next read retries across members and raises if the cluster stays away.
+                self._fail_over(member)
                 pause = 0.05 if timeout is None else min(0.05, max(timeout - (_clock.now() - started), 0))
                 time.sleep(pause)
                 return
             if _is_expired_token(e) and self._username is not None:
                 self._authenticate(_clock.now() + self.request_timeout)
                 return
-            raise self._translate(e, f"watch for lock {ticket.name!r}") from e
+            raise self._translate(e, f"watch for lock {ticket.name!r}") or e from e
         finally:
+            if watched is not None:
+                self._watchdog.forget(watched)
             unregister()
             responses.cancel()
+            requests.close()
 
     def dequeue(self, ticket: Ticket) -> bool:
         request = etcdrpc.TxnRequest(
