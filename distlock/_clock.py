@@ -3,6 +3,10 @@
 Lease deadlines must not move when the wall clock is set, and must keep running while the machine sleeps: a laptop
 suspended for an hour has lost its locks even though no process observed time pass. ``CLOCK_BOOTTIME`` (Linux) is
 monotonic and counts suspend; elsewhere ``time.monotonic`` is the best available.
+
+What can go wrong: off Linux, ``time.monotonic`` may stop while the machine sleeps (macOS does), so after a suspend
+a lease deadline is reached late: the holder learns of the loss only at its next refresh, which the server answers
+"lease gone". Fenced writes are unaffected.
 """
 
 from __future__ import annotations

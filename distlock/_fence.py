@@ -1,8 +1,9 @@
 """Fences: a fencing token together with the name of the lock it came from, and the policy of the database integrations.
 
 A fenced row is guarded by exactly one lock name (its model declares a template such as ``"account:{pk}"``). A
-write to it must carry a token *of that lock*: tokens are comparable across names in one etcd cluster, so a token
-of another, busier lock would pass the ``fence_token <= :token`` check and defeat the fence. :func:`fence_for`
+write to it must carry a token *of that lock*: tokens of different locks are numbers on a common scale (etcd: one
+revision counter for the cluster; Redis: counters floored at the server's clock), so a token of another, busier
+lock would pass the ``fence_token <= :token`` check and defeat the fence. :func:`fence_for`
 finds the right fence in the current context (or checks one passed explicitly) and refuses any other.
 :func:`fence_for_write` is the whole policy Django's ``FencedModel`` and ``distlock_sqla`` apply to a row's write,
 and :func:`stale_token_message` the one explanation they give when the database refuses it. (The

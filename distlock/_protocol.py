@@ -9,7 +9,8 @@ protocol. A backend only knows how to
 - put a waiter into a lock's FIFO queue (idempotently: a retried enqueue returns the same ticket) and say where in
   the queue a ticket stands;
 - block until the waiter ahead of a ticket is gone, a timeout passes, or an :class:`Interrupt` fires;
-- remove a ticket *only if it is still the same ticket* (never an unconditional delete).
+- remove a ticket *only if it is still the same ticket* (never an unconditional delete);
+- name the current holder of a lock (and, optionally, list every lock: :class:`Inspectable`).
 
 A ticket at the head of its queue holds the lock. Its ``revision`` is the fencing token: it must strictly increase
 from one holder of a name to the next, and survive client and server restarts.
@@ -107,7 +108,7 @@ class Position:
 
 @dataclass(frozen=True)
 class Holder:
-    """The current holder of a lock, as the inspector and ``locked()`` see it."""
+    """The current holder of a lock, as ``Client.holder()`` and ``Lock.locked()`` see it."""
 
     name: str
     token: int

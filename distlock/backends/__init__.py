@@ -6,7 +6,8 @@ service, and turns that service's client errors into :mod:`distlock` errors. Que
 fencing are written once above it, in ``distlock._lock`` and ``distlock._session``; a backend holds no lock logic
 of its own.
 
-- ``_etcd``: etcd's v3 gRPC API (``etcd://``, ``etcds://``), needs the ``etcd`` extra (grpcio, python3-etcd3).
+- ``_etcd``: etcd's v3 gRPC API (``etcd://``, ``etcds://``), needs the ``etcd`` extra (grpcio, protobuf,
+  python3-etcd3).
 - ``_redis``: Lua scripts on a Redis server or Cluster (``redis://``, ``rediss://``, ``redis+cluster://``,
   ``rediss+cluster://``), needs the ``redis`` extra (redis-py).
 

@@ -22,8 +22,9 @@ lease never comes back (keys are made with ``SET NX`` from 63 random bits, and r
 does not create). Redis cannot delete the entries of an expired key itself, so
 
 - a waiter waits for the one just ahead with ``BLPOP`` on its own wake list, for at most the ahead's lease's
-  ``PTTL``; when that runs out it finds the lease gone and removes the dead entry (the "evict" script), so a
-  crashed holder frees the lock within its TTL and a dead waiter cannot block the queue;
+  ``PTTL``; when that runs out it finds the lease gone and removes the dead entry (the removal script, without a
+  token check: a dead lease never comes back), so a crashed holder frees the lock within its TTL and a dead waiter
+  cannot block the queue;
 - every removal (release, give-up, eviction) pushes one wake-up to the waiter just behind: a release wakes one
   waiter, never a herd, and the wake-up waits in its list if that waiter is not blocked yet (no lost wake-up);
 - revoking a lease (closing the client, losing a session) deletes the lease key and then the entries this
@@ -36,10 +37,10 @@ it calls itself the holder, one more request per acquisition. The lease of the w
 ``PTTL`` outside the scripts either way.
 
 What can go wrong: Redis can be unreachable, restarting (``LOADING``), paused, or failing over (``READONLY``,
-``MOVED``). Every request is idempotent (joining checks the member first; removals check member and token), so
-these are retried with backoff until the request timeout, then ``BackendUnavailable`` names the server. A
-removal whose first attempt may have landed is reported as done. A blocked ``BLPOP`` never outlives its
-timeout plus the request timeout, and an :class:`~distlock._protocol.Interrupt` shuts its socket down at once.
+``MOVED``). Every request is idempotent (joining checks the member first; removals check the member, and its token
+when they know it), so these are retried with backoff until the request timeout, then ``BackendUnavailable`` names
+the server. A removal whose first attempt may have landed is reported as done. A blocked ``BLPOP`` never outlives
+its timeout plus the request timeout, and an :class:`~distlock._protocol.Interrupt` shuts its socket down at once.
 Lease expiry follows the Redis server's clock, and failover or a restart without an fsynced append-only file
 can lose recent writes: the lock alone is then not exclusive; the fencing token still is, unless the server
 clock stepped back (docs/GUARANTEES.md).
