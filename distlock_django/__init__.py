@@ -3,9 +3,18 @@
 - ``@distributed_lock("order:{order_id}")`` on views (sync, async, class-based) and functions, or
   ``with distributed_lock("name"):``;
 - ``DistributedLockMiddleware`` locking around views chosen by ``DISTLOCK["RULES"]``;
-- ``FencedModel``: claim-on-read (``.fenced()``), fenced ``save()``/``delete()``/``create()``/``fenced_update()``.
+- ``FencedModel``: claim-on-read (``.fenced()``), fenced ``save()``/``delete()``/``create()``/``fenced_update()``;
+- ``get_client()`` / ``reset_client()``: the process's shared client; ``conf()`` / ``lock_name()``: the settings;
+- ``manage.py distlock`` and a staff-only page (``distlock_django.urls``): the lock inspector.
 
-Add ``"distlock_django"`` to ``INSTALLED_APPS`` for the system checks; configure with one ``DISTLOCK`` dict.
+Add ``"distlock_django"`` to ``INSTALLED_APPS`` for the system checks (and, with Celery installed, so that
+``distlock.celery`` tasks use the same client); configure with one ``DISTLOCK`` dict (``_conf.py``). Only public
+names of :mod:`distlock` are used here.
+
+What can go wrong: bad settings raise ``ConfigurationError`` when first used (``manage.py check`` reports them
+first); an unreachable lock service raises ``BackendUnavailable`` from the first lock, not at import time; a busy
+lock, a lost lock or a refused write in a view become 423/409 responses (see ``_decorators.py``); a stale write
+outside a view raises ``StaleFenceToken``.
 """
 
 from typing import TYPE_CHECKING, Any

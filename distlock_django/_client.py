@@ -3,10 +3,10 @@
 One client per process serves every request thread (clients are thread-safe and fork-safe: a gunicorn or Celery
 prefork child opens its own connection); it lives in a :class:`distlock.ClientCache`, which ``reset_client()``
 (called when ``DISTLOCK`` changes) empties. ``client_if_configured()`` is what the app hands to Celery's tasks (see
-``apps.py``). What can go wrong: the lock service is unreachable on first use —
-``BackendUnavailable`` from the first locked view, not at import time, so ``manage.py`` commands that take no lock
-keep working while etcd is down. When ``settings.DISTLOCK`` changes (tests' ``override_settings``), the client is
-closed and the next use connects with the new settings.
+``apps.py``). What can go wrong: the lock service is unreachable on first use — ``BackendUnavailable`` from the first
+locked view, not at import time, so ``manage.py`` commands that take no lock keep working while the lock service is
+down; bad settings raise ``ConfigurationError`` from the first use. When ``settings.DISTLOCK`` changes (tests'
+``override_settings``), the client is closed and the next use connects with the new settings.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Shown by a staff-only admin page (``distlock_django.urls``, e.g. ``path("admin/distlock/", include(...))``) and by
 ``manage.py distlock``. Holders and waiters appear by their opaque owner id (a random nonce, or the Celery task id),
-never by anything secret. What can go wrong: the lock service is unreachable — the page says so (status 503) and
-the command exits non-zero with the error; a backend that cannot list its locks raises ``ConfigurationError``.
+never by anything secret. What can go wrong: the lock service is unreachable, or (``ConfigurationError``) bad
+settings or a backend that cannot list its locks — any ``DistlockError``: the page says so (status 503) and the
+command exits non-zero with the error.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ PATCH, DELETE). The first matching rule wins. ``key`` is a template rendered fro
 The lock is taken before the view runs (and before ``ATOMIC_REQUESTS`` opens its transaction) and released after the
 response is complete: for an ordinary response when the view returns — after the request's transaction committed —
 and for a streaming response only when its last chunk has been sent (or the client went away). A busy lock
-answers like the decorator (423/409 with ``Retry-After``). What can go wrong: a malformed rule raises
+answers like the decorator (423/409 with ``Retry-After``; with ``CONTENTION_STATUS`` None it raises
+``LockNotAcquired``), and a ``LockLost`` or ``StaleFenceToken`` escaping the view answers ``CONFLICT_STATUS``. It is
+a synchronous middleware (Django adapts it for async views). What can go wrong: a malformed rule raises
 ``ConfigurationError`` on the first request (and ``manage.py check`` reports it as ``distlock.E003``).
 """
 

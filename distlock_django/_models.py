@@ -25,8 +25,9 @@ of another lock, passed explicitly (``save(fence=...)``), or the only locks held
 plain (``DISTLOCK["FENCING"] = "on"``) or refused with ``UnfencedWrite`` (``"strict"``).
 
 Transactions: a claim made inside ``transaction.atomic()`` holds the row lock until commit, so a holder stalled
-mid-transaction stalls the next holder at the database rather than at etcd — still safe, not live until the stalled
-connection ends. Bound it with PostgreSQL's ``idle_in_transaction_session_timeout`` and statement timeouts.
+mid-transaction stalls the next holder at the database rather than at the lock service — still safe, not live until
+the stalled connection ends. Bound it with PostgreSQL's ``idle_in_transaction_session_timeout`` and statement
+timeouts.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 When Django starts the app, and Celery is installed, the app also gives Celery's singleton tasks its client
 (:func:`distlock.celery.set_client_factory`): a Celery app without ``app.conf.distlock_url`` then uses the client
 of ``DISTLOCK``, if the settings have one. Without Celery installed nothing of it is imported.
+
+What can go wrong: nothing at start-up — neither the checks nor the hook connect to the lock service; a bad
+``DISTLOCK`` is reported by ``manage.py check`` (``checks.py``) and raised where it is first used.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from django.apps import AppConfig
 
 
 class DistlockConfig(AppConfig):
+    """Registers the system checks, and hands this app's client to ``distlock.celery`` when Celery is installed."""
+
     name = "distlock_django"
     verbose_name = "distlock"
 

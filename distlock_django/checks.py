@@ -1,8 +1,10 @@
-"""System checks (``manage.py check``): settings, the URL, the etcd extra, middleware rules, fenced models.
+"""System checks (``manage.py check``): settings, the URL, its backend's extra, middleware rules, fenced models.
 
 Ids: ``distlock.E001`` bad settings, ``distlock.E002`` bad or unsupported URL, ``distlock.E003`` malformed middleware
 rules, ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks,
-``distlock.E005`` the backend's client library is not installed. None of them connects to the lock service.
+``distlock.E005`` the backend's client library is not installed. None of them connects to the lock service. The URL
+is judged by the one scheme table of ``distlock.backends.SCHEMES`` and by ``distlock.connect(url, check=False)``,
+so the checks accept exactly the URLs ``connect()`` accepts.
 """
 
 from __future__ import annotations

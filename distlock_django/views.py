@@ -1,5 +1,9 @@
 """The staff-only lock inspector page. Include ``distlock_django.urls`` under the admin, e.g.
-``path("admin/distlock/", include("distlock_django.urls"))``."""
+``path("admin/distlock/", include("distlock_django.urls"))``.
+
+What can go wrong: a visitor who is not staff is sent to the admin login; a ``DistlockError`` while reading the locks
+(an unreachable service, bad settings) is shown on the page with status 503.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from ._inspect import describe, lock_table
 
 @staff_member_required
 def inspector(request: HttpRequest) -> HttpResponse:
+    """Every lock (``?prefix=`` narrows them; default ``DISTLOCK["KEY_PREFIX"]``), its holder and waiters."""
     prefix = request.GET.get("prefix")
     try:
         rows = lock_table(prefix)

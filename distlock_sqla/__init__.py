@@ -16,7 +16,13 @@ passed to someone else::
         account = claim_one(session, Account, account_id)  # claim, then read (docs/architecture.md: claim on read)
         account.balance += 10  # flushed with WHERE fence_token = :t; a stale holder gets StaleFenceToken
 
-Never imports Django. Works with ``Session``/``Connection`` and ``AsyncSession``/``AsyncConnection``.
+Never imports Django, and uses only public names of :mod:`distlock`. Works with ``Session``/``Connection`` and
+``AsyncSession``/``AsyncConnection``. ``_mixin`` declares fenced models, ``_spec`` fenced tables and the fence
+policy, ``_flush`` the fenced ORM flush, ``_ops`` the claim and the ``fenced_*`` helpers.
+
+What can go wrong: a model or table that cannot be fenced fails when it is declared (``ConfigurationError``,
+``InvalidKeyTemplate``); a write the database refuses raises :class:`StaleFenceToken`; a write under another lock's
+token raises ``LockNotOwned``, and a fenced helper (or a strict flush) outside the row's lock ``UnfencedWrite``.
 """
 
 from distlock import UnfencedWrite

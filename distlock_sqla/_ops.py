@@ -19,11 +19,11 @@ and none is half-written. A single row needs no savepoint. On SQLite with the py
 SQLAlchemy's documented pysqlite transaction set-up (``isolation_level=None`` and an explicit ``BEGIN``); an
 ``AUTOCOMMIT`` connection has no transaction to roll back, so use single-row operations there.
 
-Transactions: a claim made inside an open transaction keeps the database row locked (PostgreSQL's row
-lock, SQLite's write lock) until commit. That is what makes it safe to release the etcd lock before commit: the next
-holder's claim waits for the commit and then reads the committed data, never the old row. It also means a holder
-stalled mid-transaction stalls the next one at the database instead of at etcd: still safe, but not live until the
-stalled connection ends. Bound it with PostgreSQL's ``idle_in_transaction_session_timeout`` (and
+Transactions: a claim made inside an open transaction keeps the database row locked (PostgreSQL's row lock, SQLite's
+write lock) until commit. That is what makes it safe to release the distributed lock before commit: the next holder's
+claim waits for the commit and then reads the committed data, never the old row. It also means a holder stalled
+mid-transaction stalls the next one at the database instead of at the lock service: still safe, but not live until
+the stalled connection ends. Bound it with PostgreSQL's ``idle_in_transaction_session_timeout`` (and
 ``statement_timeout`` / ``lock_timeout``); on SQLite, the connection's ``timeout`` bounds how long the next holder
 waits. Committing right after the claim (``claim(...)`` then ``session.commit()``) avoids holding the row lock, and
 the fence alone then refuses the stale holder's write.

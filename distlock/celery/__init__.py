@@ -28,7 +28,7 @@ creates the task class; a bad per-call option raises it from ``apply_async`` bef
 unreachable lock service raises ``BackendUnavailable``: from ``apply_async`` with ``lock_on="enqueue"`` (the task is
 not sent, and the caller knows), else from the run in the worker (the task fails with it; add
 ``autoretry_for=(distlock.BackendUnavailable,)`` to retry instead). A lock lost while the task runs (the worker was
-paused or cut off from etcd past ``lock_ttl``) cannot stop the task: ``self.lock.lost`` turns true,
+paused or cut off from the lock service past ``lock_ttl``) cannot stop the task: ``self.lock.lost`` turns true,
 ``self.lock.ensure_held()`` raises ``LockLost``, the end of the run logs an error, and only fenced writes stay safe.
 """
 

@@ -23,12 +23,13 @@ reservation, then by the worker, whose ticket was already next in the FIFO queue
 
 Races and failures, in prose:
 
-- *The sender dies or loses etcd* (SIGKILL, OOM, a partition): the reservation's lease lapses within ``ttl`` and the
-  waiting worker becomes the holder. A crashed enqueue never holds the key longer than ``ttl``.
+- *The sender dies or loses the lock service* (SIGKILL, OOM, a partition): the reservation's lease lapses within
+  ``ttl`` and the waiting worker becomes the holder. A crashed enqueue never holds the key longer than ``ttl``.
 - *The message is lost* (never delivered, purged, expired): nobody takes the reservation over, and it ends at its
-  hold limit (``lock_max_queued``, default ``ttl``; the core's ``max_hold`` enforces it even if this thread is
-  stuck). A message that waits longer than that in the broker loses its reservation: a duplicate can then be queued,
-  and the two run one after the other, never at once, since a run always holds the lock.
+  hold limit (``lock_max_queued``, default ``ttl``, counted from when the task is due; for an enqueue-time
+  reservation it is the lock's ``max_hold``, which the core enforces even if this thread is stuck). A message that
+  waits longer than that in the broker loses its reservation: a duplicate can then be queued, and the two run one
+  after the other, never at once, since a run always holds the lock.
 - *The sender exits normally* before a worker took over: closing its client revokes the lease at once, so the same
   applies from that moment. A short-lived script that enqueues and exits gets "one at a time", not "one queued".
 - *The message is delivered twice* (redelivery): only one delivery gets the takeover lock; the other finds the
@@ -38,8 +39,9 @@ Races and failures, in prose:
   A worker that takes the takeover lock and has not yet queued can coincide with a stranger's waiting ticket; then
   the reservation is released to the stranger, who runs first, and the worker runs after it. Order, not exclusion,
   is what that rare race can cost.
-- *The sender's poll fails* (etcd briefly unavailable): it tries again at the next poll; the worker's wait is
-  bounded by ``ttl`` plus a grace period, after which it treats the call as a duplicate of a run it cannot reach.
+- *The sender's poll fails* (the lock service briefly unavailable): it tries again at the next poll; the worker's
+  wait is bounded by ``ttl`` plus a grace period, after which it treats the call as a duplicate of a run it cannot
+  reach.
 
 After ``fork()`` a child starts with no reservations: its parent's stay with the parent, whose thread hands them on.
 """

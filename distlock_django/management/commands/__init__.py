@@ -1,0 +1,1 @@
+"""``manage.py distlock``: see ``distlock.py`` in this package."""

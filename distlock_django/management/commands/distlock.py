@@ -1,4 +1,9 @@
-"""``manage.py distlock``: list held locks, their waiters, tokens and lease time left (live from the service)."""
+"""``manage.py distlock``: list held locks, their waiters, tokens and lease time left (live from the service).
+
+``--prefix`` narrows the list to lock names that start with it (default ``DISTLOCK["KEY_PREFIX"]``). What can go
+wrong: any ``DistlockError`` (an unreachable service, bad settings) becomes a ``CommandError``: the message on
+stderr, exit status 1.
+"""
 
 from __future__ import annotations
 
