@@ -17,6 +17,10 @@ interleaved`). Django is configured in-process; the benchmark's models belong to
 started by :class:`distlock.testing.EtcdServer` with fsync on (or ``--etcd-url``), PostgreSQL by
 :class:`distlock.testing.PostgresServer` (or ``--postgres-url``); SQLite is a file in a temporary directory. Results
 are printed and written into ``docs/BENCHMARKS.md`` between the ``django-overhead`` markers.
+
+What can go wrong: a server that cannot start, a view that does not answer 200 (``RuntimeError``) or a statement a
+database refuses stops the run with that error before anything is written into ``docs/BENCHMARKS.md``; the
+benchmark's tables are dropped and its client closed in any case.
 """
 
 from __future__ import annotations

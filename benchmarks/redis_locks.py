@@ -13,6 +13,9 @@ interleaved latency blocks, bounded waits):
 Commands are Redis's own counters (``INFO commandstats``): every command a script runs counts, as does the
 script call itself; ``INFO`` and connection set-up (``HELLO``, ``CLIENT ...``) do not. Results are printed and
 written into ``docs/BENCHMARKS.md`` between the ``redis-locks`` markers; the rest of that file is left alone.
+
+What can go wrong is bounded by the harness: a process that fails or hangs is killed a grace period after its
+window and reported as an error in the section, and the run then exits with status 1.
 """
 
 from __future__ import annotations

@@ -15,7 +15,12 @@ not this one's). All variants run in one process, interleaved in blocks whose or
 the shared machine hits them alike (:func:`benchmarks._harness.interleaved`). Results are printed and written into
 ``docs/BENCHMARKS.md`` between the ``sqla-fenced`` markers. PostgreSQL is started by
 :class:`distlock.testing.PostgresServer` (or ``--postgres-url``), etcd by :class:`distlock.testing.EtcdServer` with
-fsync on (or ``--etcd-url``), SQLite is a file in a temporary directory.
+fsync on (or ``--etcd-url``), both through :func:`benchmarks._harness.database_servers`; SQLite is a file in a
+temporary directory.
+
+What can go wrong: a server that cannot start, or a statement a database refuses, stops the run with that error
+before anything is written into ``docs/BENCHMARKS.md``; the throwaway servers are removed either way, but with
+``--postgres-url`` the benchmark's tables stay in that database (they are dropped after a successful run).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ What can go wrong:
 - A server that exits or does not answer within its ``start_timeout`` raises `EtcdStartError` (etcd) or
   `ServerStartError` (Redis, PostgreSQL), both `HarnessError`, with the tail of the server's log.
 - ``close()``, garbage collection of an unclosed server and interpreter exit remove servers; only a Python
-  process killed by SIGKILL leaves them running, with their directories under ``$TMPDIR/distlock-*``.
+  process killed by a signal it does not handle (SIGKILL, or SIGTERM without a handler) leaves them running,
+  with their directories under ``$TMPDIR/distlock-*``.
 """
 
 from distlock.testing._base import HarnessError, ServerStartError, parse_prometheus_text

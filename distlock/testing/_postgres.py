@@ -12,7 +12,8 @@ PostgreSQL refuses to run as root. As root (CI containers) initdb and postgres r
 user: the ``user`` argument, else ``$DISTLOCK_PG_USER``, else ``postgres`` (Debian's package creates it), else
 ``distlock-pg``. The library creates no user unless asked: ``PostgresServer(create_user=True)`` runs useradd
 for a missing one (a system user without home or login shell). distlock's own ``scripts/servers.sh``, which
-the test and benchmark scripts run as root, creates ``distlock-pg`` when there is no ``postgres`` user.
+the test and benchmark scripts run as root, creates ``$DISTLOCK_PG_USER`` when it is set and missing, else
+``distlock-pg`` when there is no ``postgres`` user.
 postgres is our direct child (subprocess's ``user=``, not runuser, whose watching parent would leave postgres
 running when SIGKILLed), so ``kill()`` crashes it for real.
 
