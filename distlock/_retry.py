@@ -83,14 +83,16 @@ def retrying(
     delay = _FIRST_BACKOFF
     number = 0
     recovered = False
+    last_error: Exception | None = None
     while True:
         if _clock.now() >= deadline:
-            raise BackendUnavailable(f"{what}: {errors.description} did not answer in time")
+            raise BackendUnavailable(f"{what}: {errors.description} did not answer in time") from last_error
         number += 1
         try:
             bound = deadline if attempt_budget is None else min(deadline, _clock.now() + attempt_budget(number))
             return attempt(Attempt(number, bound)), number
         except Exception as error:
+            last_error = error
             if not recovered and errors.recover(error, deadline):
                 recovered = True
                 continue

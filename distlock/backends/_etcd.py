@@ -20,7 +20,10 @@ may have landed is explained at ``EtcdBackend._retrying``; a retried delete whos
 reported as done, not as "already gone". Watches require a leader and are probed for silence (see ``wait``), so a
 waiter is never left on a member that cannot report the release. Keep-alives fail over like any request; the
 session's lost-lock deadline still counts from the last keep-alive that succeeded, so failing over never makes a
-lease look longer than it is.
+lease look longer than it is. Bad credentials, or a cluster with authentication and no user in the URL, raise
+``AuthenticationFailed``; an expired auth token is renewed once per request and the request sent again. A lease
+the server no longer knows raises ``LeaseGone``, and the core starts a new session. A closed client raises
+``ClientClosed``, also for a request that races ``close()`` in another thread.
 """
 
 from __future__ import annotations
