@@ -1,6 +1,7 @@
 # Sourced by scripts/test.sh before pytest (also runnable as `bash scripts/servers.sh`): make sure the Redis and
 # PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here, and
-# the headless browser of the lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium).
+# the headless browser of the lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium),
+# and, as root, nft (Debian's nftables) for the fault matrix's network partitions (faults/_nemesis.py).
 # Missing ones are installed with apt-get when we are root (Debian packages redis-server, postgresql, chromium,
 # chromium-driver); otherwise it prints what to install and fails. Their Debian postinst scripts would start services:
 # a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run starts its own).
@@ -27,6 +28,10 @@ distlock_have_chromium() {
   [ -x "${DISTLOCK_CHROMIUM_BIN:-/usr/bin/chromium}" ] && [ -x "${DISTLOCK_CHROMEDRIVER_BIN:-/usr/bin/chromedriver}" ]
 }
 
+distlock_have_nft() {
+  [ "$(id -u)" != 0 ] || command -v nft >/dev/null  # partitions need root: nobody else needs nft
+}
+
 distlock_ensure_pg_user() {
   [ "$(id -u)" = 0 ] || return 0  # as anybody else PostgreSQL runs as that user
   local name
@@ -50,6 +55,7 @@ distlock_ensure_servers() {
   distlock_have_redis || missing+=(redis-server)
   distlock_have_postgres || missing+=(postgresql)
   distlock_have_chromium || missing+=(chromium chromium-driver)
+  distlock_have_nft || missing+=(nftables)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     echo "the tests need real Redis and PostgreSQL servers and a headless Chromium; missing: ${missing[*]}." >&2
@@ -75,7 +81,7 @@ distlock_ensure_servers() {
     echo "apt-get could not install ${missing[*]} (exit $status)" >&2
     return 1
   fi
-  if ! distlock_have_redis || ! distlock_have_postgres || ! distlock_have_chromium; then
+  if ! distlock_have_redis || ! distlock_have_postgres || ! distlock_have_chromium || ! distlock_have_nft; then
     echo "installed ${missing[*]}, but some are still not found: check the \$DISTLOCK_*_BIN variables" >&2
     return 1
   fi

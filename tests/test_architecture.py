@@ -1,7 +1,7 @@
 """The layout holds: no import cycle between library modules, no private name imported across packages.
 
-Every module of ``distlock``, ``distlock_django``, ``distlock_sqla`` and ``benchmarks`` is parsed (not imported) with
-``ast``. An import counts wherever it is written — at module level or inside a function — except under
+Every module of ``distlock``, ``distlock_django``, ``distlock_sqla``, ``benchmarks`` and ``faults`` is parsed (not
+imported) with ``ast``. An import counts wherever it is written — at module level or inside a function — except under
 ``if TYPE_CHECKING:``, which never runs. ``distlock.celery`` counts as a package of its own: like the other
 integrations it may use only public ``distlock`` names. Benchmark modules share code through
 ``benchmarks/_harness.py``, whose names without a leading underscore are public to the other benchmarks.
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_LEVEL = ("distlock", "distlock_django", "distlock_sqla", "benchmarks")
+TOP_LEVEL = ("distlock", "distlock_django", "distlock_sqla", "benchmarks", "faults")
 #: The packages the private-name rule is about: a subpackage named here is a package of its own.
-PACKAGES = ("distlock", "distlock.celery", "distlock_django", "distlock_sqla", "benchmarks")
+PACKAGES = ("distlock", "distlock.celery", "distlock_django", "distlock_sqla", "benchmarks", "faults")
 
 
 @dataclass(frozen=True)

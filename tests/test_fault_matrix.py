@@ -1,0 +1,52 @@
+"""The short fault matrix (``python -m faults --short``): under a leader kill, a holder frozen past its TTL and a
+frozen follower, the fenced workloads lose nothing; with the fence off, the checker sees the frozen holder's damage.
+
+Safety only: the longest gaps between grants are printed by the runner, not asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from faults import Case, Options, check, run_matrix, short_cases
+from faults._checker import Audit
+from faults._nemesis import Window
+from faults._workload import Op
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_the_short_matrix_loses_nothing_and_its_control_run_is_caught() -> None:
+    cases = short_cases()
+    assert any(case.control for case in cases) and any(not case.control for case in cases)
+    outcomes = run_matrix(cases, Options())
+    for outcome in outcomes:
+        result, label = outcome.result, outcome.case.label
+        assert result.acknowledged > 0, f"{label}: nothing was written\n{result}"
+        if outcome.case.control:
+            assert result.violations > 0, f"{label}: the checker saw no violation with the fence off\n{result}"
+        else:
+            assert (result.lost, result.missing) == (0, 0), f"{label}: lost writes\n{result}"
+            assert result.token_decreases == 0, f"{label}\n{result}"
+            assert result.duplicate_tokens == 0, f"{label}\n{result}"
+
+
+def test_the_checker_counts_lost_updates_token_decreases_and_gaps() -> None:
+    """The checker alone, on a made-up history: a stale holder (token 5) overwrote the write of token 7."""
+    history = [
+        Op(worker=0, start=0.0, end=1.0, granted=0.5, token=5, outcome="ok", phase="done"),
+        Op(worker=1, start=0.0, end=3.0, granted=2.5, token=7, outcome="ok", phase="done"),
+        Op(worker=1, start=3.0, end=4.0, granted=3.5, token=9, outcome="fail", phase="write", error="Refused"),
+    ]
+    audit = [Audit(1, 7, 1, "1"), Audit(2, 5, 0, "1")]
+    result = check(history, audit, final_value=1, final_items="", windows=[Window("leader-kill", 1.0, 2.0)])
+    assert (result.lost, result.token_decreases, result.duplicate_tokens, result.refused) == (1, 1, 0, 1)
+    assert result.longest_gap == pytest.approx(2.0)
+    assert result.gaps == {"leader-kill #1": pytest.approx(2.0)}
+    assert not result.ok
+    assert "lost updates          1" in str(result)
+
+
+def test_a_control_case_is_only_for_the_raw_api() -> None:
+    assert Case("holder-pause", fence="off").control
+    assert not Case("leader-kill", "sqla").control
