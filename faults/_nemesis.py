@@ -180,33 +180,30 @@ class Nemesis:
         leader = self.cluster.wait_for_leader()
         return self.cluster.members[(leader + 1) % len(self.cluster.members)]
 
+    @staticmethod
+    def _take_down(member: EtcdServer, duration: float, *, kill: bool) -> str:
+        """SIGKILL (then restart) or SIGSTOP (then SIGCONT) ``member`` for ``duration`` s."""
+        if kill:
+            member.kill()
+            time.sleep(duration)
+            member.start()
+        else:
+            member.pause()
+            time.sleep(duration)
+            member.resume()
+        return member.name
+
     def leader_kill(self, duration: float) -> str:
-        leader = self.cluster.leader
-        leader.kill()
-        time.sleep(duration)
-        leader.start()
-        return leader.name
+        return self._take_down(self.cluster.leader, duration, kill=True)
 
     def follower_kill(self, duration: float) -> str:
-        follower = self._follower()
-        follower.kill()
-        time.sleep(duration)
-        follower.start()
-        return follower.name
+        return self._take_down(self._follower(), duration, kill=True)
 
     def leader_pause(self, duration: float) -> str:
-        leader = self.cluster.leader
-        leader.pause()
-        time.sleep(duration)
-        leader.resume()
-        return leader.name
+        return self._take_down(self.cluster.leader, duration, kill=False)
 
     def follower_pause(self, duration: float) -> str:
-        follower = self._follower()
-        follower.pause()
-        time.sleep(duration)
-        follower.resume()
-        return follower.name
+        return self._take_down(self._follower(), duration, kill=False)
 
     def holder_pause(self, duration: float) -> str:
         """A worker stops itself between read and write (lock held) for ``duration``; it resumes at the worst time.
@@ -222,12 +219,12 @@ class Nemesis:
         others = [pid for pid in self.workers if pid != stale]
         # None when the stale holder still holds the database's row lock (a claim in its open transaction): then
         # nobody can read before it commits, and it resumes alone.
-        newer = self._pause_at_read(others, 5.0)
+        newer = self._pause_at_read(others, 2.0)
         os.kill(stale, signal.SIGCONT)
         time.sleep(0.2)  # the stale holder's write: a few statements
         self._cancel_pauses(others)
         self._stopped.clear()
-        there = f"while pid {newer} was there too" if newer else "alone (nobody else reached a read in 5 s)"
+        there = f"while pid {newer} was there too" if newer else "alone (nobody else reached a read in 2 s)"
         return f"worker pid {stale} stopped between read and write; resumed {there}"
 
     def _pause_at_read(self, pids: Sequence[int], timeout: float) -> int | None:
