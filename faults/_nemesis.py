@@ -208,23 +208,24 @@ class Nemesis:
     def holder_pause(self, duration: float) -> str:
         """A worker stops itself between read and write (lock held) for ``duration``; it resumes at the worst time.
 
-        Before it resumes, the other workers are asked to stop at their pause point too: the first to get the lock
-        stops after its read, so the stale holder writes while a newer holder is between its read and its write
-        (the interleaving a write-only fence lets through). Then everyone continues.
+        The other workers are asked at once to stop at their pause point too: the first to get the lock after the
+        stale holder's lease lapses stops after its read, so the stale holder writes while a newer holder is between
+        its read and its write, and nobody wrote in between (the interleaving a write-only fence lets through).
         """
         stale = self.workers[len(self.windows) % len(self.workers)]
         if self._pause_at_read([stale], 30.0) is None:
             raise HarnessError(f"worker pid {stale} did not reach its pause point within 30 s")
-        time.sleep(duration)
+        frozen_at = _now()
         others = [pid for pid in self.workers if pid != stale]
-        # None when the stale holder still holds the database's row lock (a claim in its open transaction): then
-        # nobody can read before it commits, and it resumes alone.
-        newer = self._pause_at_read(others, 2.0)
+        # Asked at once, so the first holder after the stale one stops after its read, before anyone writes. None
+        # when the stale holder keeps the database's row lock (a claim in its open transaction): nobody can read.
+        newer = self._pause_at_read(others, duration)
+        time.sleep(max(0.0, duration - (_now() - frozen_at)))
         os.kill(stale, signal.SIGCONT)
         time.sleep(0.2)  # the stale holder's write: a few statements
         self._cancel_pauses(others)
         self._stopped.clear()
-        there = f"while pid {newer} was there too" if newer else "alone (nobody else reached a read in 2 s)"
+        there = f"while pid {newer} was there too" if newer else "alone (nobody else reached a read)"
         return f"worker pid {stale} stopped between read and write; resumed {there}"
 
     def _pause_at_read(self, pids: Sequence[int], timeout: float) -> int | None:
