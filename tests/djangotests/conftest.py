@@ -1,63 +1,107 @@
-"""Django under test: settings from ``testsettings.py``, real etcd, SQLite and PostgreSQL (router-selected).
+"""Django under test with pytest-django: settings from ``testsettings.py``, real etcd, SQLite and PostgreSQL.
 
-Django is configured when this file is imported (test modules import models at the top); the session fixture then
-points it at the real servers the fixtures started, before any database connection or lock exists.
+pytest-django configures Django only when it is given a settings module. This file gives it one, in
+``pytest_configure`` (pytest calls it when it loads this file, before it imports the test modules here, which import
+models at the top): so ``pytest tests/celery`` or ``pytest tests/test_demo.py`` never configure Django, and in a whole
+run the variable this sets is stripped from child processes by ``_support.child_env``.
+
+pytest-django then creates the test databases (``django_db_setup``): the ``pg`` alias on the session's throwaway
+PostgreSQL (``postgres_dsn``), ``default`` in a SQLite file (not in memory: ``fenceworker.py`` processes open it too).
+Tests that touch a database say so with ``pytest.mark.django_db(transaction=True, databases=[...])`` and run on
+both databases through the ``db_alias`` fixture; committed transactions (``transactional_db``), because their locks
+are taken by threads, processes and a live server that must see what the test wrote. pytest-django flushes both
+databases after each of them.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import django
 import pytest
+from _support import child_env
+from django.test.utils import override_settings
+from pytest_django import DjangoDbBlocker
+
+# tests/conftest.py's ``client`` fixture is a distlock client; Django's test clients are pytest-django's own.
+from pytest_django.fixtures import async_client, client  # noqa: F401
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-os.environ["DJANGO_SETTINGS_MODULE"] = "djangotests.testsettings"
-os.environ.setdefault("DISTLOCK_DJANGO_SQLITE", str(Path(tempfile.mkdtemp(prefix="distlock-django-")) / "db.sqlite3"))
-django.setup()
 
-from django.contrib.auth.models import User  # noqa: E402
-from django.core.management import call_command  # noqa: E402
-from django.db import connections  # noqa: E402
-from django.test.utils import override_settings  # noqa: E402
-from djangotests.testapp import router  # noqa: E402
-from djangotests.testapp.models import Account, Plain  # noqa: E402
-from djangotests.testsettings import DISTLOCK, _pg  # noqa: E402
 
-import distlock_django  # noqa: E402
+def pytest_configure(config: pytest.Config) -> None:
+    sys.path.insert(0, str(HERE.parent))
+    os.environ["DJANGO_SETTINGS_MODULE"] = "djangotests.testsettings"
+    django.setup()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _database_access_blocked(django_db_blocker: DjangoDbBlocker) -> Iterator[None]:
+    """Database access only in tests that ask for it, also when this file was loaded after pytest-django had set up
+    (``pytest tests``: Django was not configured yet when pytest-django looked)."""
+    with django_db_blocker.block():
+        yield
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Before pytest-django creates the test databases: ``pg`` on the session's PostgreSQL, SQLite in a file."""
+    from django.db import connections
+    from djangotests.testsettings import _pg
+
+    connections.settings["pg"].update(_pg(postgres_dsn))
+    sqlite = connections.settings["default"]
+    sqlite["TEST"] = {**sqlite.get("TEST", {}), "NAME": str(tmp_path_factory.mktemp("django") / "test.sqlite3")}
 
 
 @pytest.fixture(scope="session")
 def django_servers(etcd_url: str, postgres_dsn: str) -> Iterator[dict[str, str]]:
-    """Point Django at the session's etcd and PostgreSQL, and create the tables on both databases."""
-    env = {"DISTLOCK_DJANGO_ETCD_URL": etcd_url, "DISTLOCK_DJANGO_PG": postgres_dsn}
-    os.environ.update(env)  # for server processes
-    connections.settings["pg"].update(_pg(postgres_dsn))
+    """Point ``DISTLOCK`` at the session's etcd; the variables a Django process started by a test needs."""
+    from djangotests.testsettings import DISTLOCK
+
+    import distlock_django
+
     override = override_settings(DISTLOCK={**DISTLOCK, "URL": etcd_url})
     override.enable()
-    for alias in ("default", "pg"):
-        call_command("migrate", run_syncdb=True, database=alias, verbosity=0)
-    yield {**env, "DISTLOCK_DJANGO_SQLITE": os.environ["DISTLOCK_DJANGO_SQLITE"]}
+    yield {"DISTLOCK_DJANGO_ETCD_URL": etcd_url, "DISTLOCK_DJANGO_PG": postgres_dsn}
     distlock_django.reset_client()
     override.disable()
-    connections.close_all()
 
 
 @pytest.fixture(params=["default", "pg"], ids=["sqlite", "postgres"])
-def db_alias(request: pytest.FixtureRequest, django_servers: dict[str, str]) -> Iterator[str]:
-    """Run the test on SQLite and on PostgreSQL; rows are removed afterwards."""
+def db_alias(request: pytest.FixtureRequest, transactional_db: None, django_servers: dict[str, str]) -> Iterator[str]:
+    """Run the test on SQLite and on PostgreSQL (the test database pytest-django made); flushed afterwards."""
+    from djangotests.testapp import router
+
     alias: str = request.param
     router.CURRENT[0] = alias
     try:
         yield alias
     finally:
-        Account.objects.using(alias).all().delete()
-        Plain.objects.using(alias).all().delete()
-        User.objects.using(alias).all().delete()
         router.CURRENT[0] = "default"
-        connections.close_all()
+
+
+@pytest.fixture
+def django_child_env(db_alias: str, django_servers: dict[str, str]) -> dict[str, str]:
+    """The environment of a Django process a test starts: the test databases, the test's alias, the session's etcd."""
+    from django.db import connections
+
+    env = child_env()
+    env.update(django_servers)
+    test_pg = urlsplit(django_servers["DISTLOCK_DJANGO_PG"])._replace(
+        path="/" + connections["pg"].settings_dict["NAME"]
+    )
+    env.update(
+        {
+            "DISTLOCK_DJANGO_PG": test_pg.geturl(),
+            "DISTLOCK_DJANGO_SQLITE": str(connections["default"].settings_dict["NAME"]),
+            "DISTLOCK_DJANGO_DB": db_alias,
+        }
+    )
+    return env

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from django.core.checks import run_checks
 from django.db import models
-from django.test.utils import isolate_apps, override_settings
+from django.test.utils import isolate_apps
+from pytest_django.fixtures import Settings
 
 import distlock
 from distlock.backends import SCHEMES, Scheme
@@ -25,7 +26,7 @@ def test_the_test_project_passes_its_checks(django_servers: dict[str, str]) -> N
 
 
 @pytest.mark.parametrize(
-    ("settings", "expected"),
+    ("distlock_settings", "expected"),
     [
         ({"URL": "http://x"}, "distlock.E002"),
         ({"URL": "etcd://h:notaport"}, "distlock.E002"),
@@ -40,23 +41,24 @@ def test_the_test_project_passes_its_checks(django_servers: dict[str, str]) -> N
         ({"TIMEOUT": "thirty"}, "distlock.E001"),
     ],
 )
-def test_bad_settings_are_reported(settings: dict[str, Any], expected: str) -> None:
-    with override_settings(DISTLOCK=settings):
-        assert expected in _ids(check_settings())
+def test_bad_settings_are_reported(distlock_settings: dict[str, Any], expected: str, settings: Settings) -> None:
+    settings.DISTLOCK = distlock_settings
+    assert expected in _ids(check_settings())
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES.values()), ids=list(SCHEMES))
-def test_manage_py_check_accepts_every_url_connect_accepts(scheme: Scheme) -> None:
+def test_manage_py_check_accepts_every_url_connect_accepts(scheme: Scheme, settings: Settings) -> None:
     hosts = "127.0.0.1:7001,127.0.0.1:7002" if scheme.cluster or scheme.backend == "etcd" else "127.0.0.1"
     url = f"{scheme.name}://{hosts}"
     distlock.connect(url, check=False).close()  # connect() takes it...
-    with override_settings(DISTLOCK={"URL": url}):
-        messages = run_checks()  # ...and so does manage.py check
+    settings.DISTLOCK = {"URL": url}
+    messages = run_checks()  # ...and so does manage.py check
     assert [m for m in messages if m.id in ("distlock.E001", "distlock.E002", "distlock.E005")] == []
 
 
-def test_unknown_settings_raise_on_use() -> None:
-    with override_settings(DISTLOCK={"TIMEOUTS": 1}), pytest.raises(distlock.ConfigurationError, match="TIMEOUTS"):
+def test_unknown_settings_raise_on_use(settings: Settings) -> None:
+    settings.DISTLOCK = {"TIMEOUTS": 1}
+    with pytest.raises(distlock.ConfigurationError, match="TIMEOUTS"):
         conf()
 
 

@@ -8,15 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support import Worker, child_env
+from _support import Worker
 from django.db import connections
-from django.test.utils import override_settings
 from djangotests.testapp.models import Account, Plain
+from pytest_django.fixtures import Settings
 
 import distlock
 from distlock_django import conf, fence_of, get_client, lock_name
 
 HERE = Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
 
 
 class DjangoWorker(Worker):
@@ -34,16 +36,8 @@ class DjangoWorker(Worker):
 
 
 @pytest.fixture
-def worker_env(db_alias: str, django_servers: dict[str, str]) -> dict[str, str]:
-    env = child_env()
-    env.update(django_servers)
-    env["DISTLOCK_DJANGO_DB"] = db_alias
-    return env
-
-
-@pytest.fixture
-def worker(worker_env: dict[str, str]) -> Iterator[DjangoWorker]:
-    w = DjangoWorker(worker_env)
+def worker(django_child_env: dict[str, str]) -> Iterator[DjangoWorker]:
+    w = DjangoWorker(django_child_env)
     yield w
     w.close()
 
@@ -154,20 +148,20 @@ def test_a_token_of_another_lock_is_refused(db_alias: str) -> None:
     assert Account.objects.get(pk=one.pk).balance == 1
 
 
-def test_strict_mode_refuses_unfenced_writes(db_alias: str) -> None:
+def test_strict_mode_refuses_unfenced_writes(db_alias: str, settings: Settings) -> None:
     account = Account.objects.create(balance=1)
-    with override_settings(DISTLOCK={**conf(), "FENCING": "strict"}):
-        account.balance = 7
-        with pytest.raises(distlock.UnfencedWrite):
-            account.save()
-        with pytest.raises(distlock.UnfencedWrite):
-            Account.objects.create(balance=3)
-        with pytest.raises(distlock.UnfencedWrite):
-            Account.objects.filter(pk=account.pk).update(balance=9)
-        with pytest.raises(distlock.UnfencedWrite):
-            account.delete()
-        with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
-            account.save()
+    settings.DISTLOCK = {**conf(), "FENCING": "strict"}
+    account.balance = 7
+    with pytest.raises(distlock.UnfencedWrite):
+        account.save()
+    with pytest.raises(distlock.UnfencedWrite):
+        Account.objects.create(balance=3)
+    with pytest.raises(distlock.UnfencedWrite):
+        Account.objects.filter(pk=account.pk).update(balance=9)
+    with pytest.raises(distlock.UnfencedWrite):
+        account.delete()
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        account.save()
     assert Account.objects.count() == 1
     assert Account.objects.get().balance == 7
 

@@ -11,10 +11,12 @@ from _support import wait_until
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
-from django.test.utils import override_settings
+from pytest_django.fixtures import Settings
 
 import distlock
 from distlock_django import conf, get_client, lock_name
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
 
 
 @pytest.fixture
@@ -45,17 +47,17 @@ def test_the_command_lists_holder_and_waiter(held_with_waiter: tuple[distlock.Lo
     assert "waiter 1" in lines[1]
 
 
-def test_the_command_fails_clearly_when_etcd_is_unreachable(db_alias: str) -> None:
-    with override_settings(DISTLOCK={**conf(), "URL": "etcd://127.0.0.1:1", "OPTIONS": {"connect_timeout": 1}}):
-        with pytest.raises(CommandError, match="cannot read locks"):
-            call_command("distlock", stdout=io.StringIO())
+def test_the_command_fails_clearly_when_etcd_is_unreachable(db_alias: str, settings: Settings) -> None:
+    settings.DISTLOCK = {**conf(), "URL": "etcd://127.0.0.1:1", "OPTIONS": {"connect_timeout": 1}}
+    with pytest.raises(CommandError, match="cannot read locks"):
+        call_command("distlock", stdout=io.StringIO())
 
 
-def test_the_page_is_for_staff_only(held_with_waiter: tuple[distlock.Lock, distlock.Lock]) -> None:
+def test_the_page_is_for_staff_only(held_with_waiter: tuple[distlock.Lock, distlock.Lock], client: Client) -> None:
     holder, _ = held_with_waiter
-    assert Client().get("/admin/distlock/").status_code == 302  # to the admin login
+    assert client.get("/admin/distlock/").status_code == 302  # to the admin login
     user = User.objects.create_user("clerk", password="x", is_staff=False)
-    browser = Client()
+    browser = client
     browser.force_login(user)
     assert browser.get("/admin/distlock/").status_code == 302
     user.is_staff = True

@@ -4,35 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
-from _support import child_env, wait_until
+from _support import wait_until
 from django.db import connections, transaction
 from django.http import HttpRequest
 from django.test import AsyncClient, Client
-from django.test.utils import override_settings
 from djangotests.httpclient import post_many
 from djangotests.testapp import views
 from djangotests.testapp.models import Account
+from pytest_django.fixtures import Settings
+from pytest_django.live_server_helper import LiveServer
 
 import distlock
 from distlock_django import conf, distributed_lock, get_client, lock_name
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"])
 
 
 def _held(name: str) -> bool:
     return get_client().holder(lock_name(name)) is not None
 
 
-def test_two_simultaneous_requests_one_200_one_423(db_alias: str) -> None:
+def test_two_simultaneous_requests_one_200_one_423(db_alias: str, client: Client, settings: Settings) -> None:
     gate = views.GATES.setdefault("g1", threading.Event())
     entered = views.ENTERED.setdefault("g1", threading.Event())
     gate.clear()
@@ -42,7 +40,7 @@ def test_two_simultaneous_requests_one_200_one_423(db_alias: str) -> None:
     thread.start()
     try:
         assert entered.wait(10), "the first request never got the lock"
-        second = Client().get("/gate/g1/")
+        second = client.get("/gate/g1/")
         assert second.status_code == 423
         assert second["Retry-After"] == str(conf()["RETRY_AFTER"])
         body = second.content.decode()
@@ -52,44 +50,44 @@ def test_two_simultaneous_requests_one_200_one_423(db_alias: str) -> None:
         gate.set()
         thread.join(10)
     assert first[0].status_code == 200
-    with override_settings(DISTLOCK={**conf(), "CONTENTION_STATUS": 409}):
-        gate.clear()
-        entered.clear()
-        thread = threading.Thread(target=lambda: Client().get("/gate/g1/"))
-        thread.start()
-        try:
-            assert entered.wait(10)
-            assert Client().get("/gate/g1/").status_code == 409
-        finally:
-            gate.set()
-            thread.join(10)
+    settings.DISTLOCK = {**conf(), "CONTENTION_STATUS": 409}
+    gate.clear()
+    entered.clear()
+    thread = threading.Thread(target=lambda: Client().get("/gate/g1/"))
+    thread.start()
+    try:
+        assert entered.wait(10)
+        assert client.get("/gate/g1/").status_code == 409
+    finally:
+        gate.set()
+        thread.join(10)
 
 
-def test_a_stale_write_in_a_view_answers_409(db_alias: str) -> None:
+def test_a_stale_write_in_a_view_answers_409(db_alias: str, client: Client) -> None:
     account = Account.objects.create(balance=1)
     Account.objects.filter(pk=account.pk).update(fence_token=2**62)  # a newer holder has claimed the row
-    response = Client().post(f"/stale/{account.pk}/")
+    response = client.post(f"/stale/{account.pk}/")
     assert response.status_code == 409
     assert Account.objects.get().balance == 1
     assert not _held(f"account:{account.pk}")
 
 
-def test_async_view_under_asgi_and_class_based_view(db_alias: str) -> None:
+def test_async_view_under_asgi_and_class_based_view(db_alias: str, client: Client, async_client: AsyncClient) -> None:
     async def call() -> Any:
-        return await AsyncClient().get("/async/7/")
+        return await async_client.get("/async/7/")
 
     response = asyncio.run(call())
     assert response.status_code == 200
     assert response.json() == {"lock": "dj:async:7", "held": True}
     assert not _held("async:7")
-    response = Client().post("/cbv/8/")
+    response = client.post("/cbv/8/")
     assert response.status_code == 200
     assert response.json() == {"lock": "dj:cbv:8"}
     assert not _held("cbv:8")
 
 
-def test_middleware_holds_the_lock_until_the_last_chunk_is_sent(db_alias: str) -> None:
-    response: Any = Client().get("/stream/s1/")
+def test_middleware_holds_the_lock_until_the_last_chunk_is_sent(db_alias: str, client: Client) -> None:
+    response: Any = client.get("/stream/s1/")
     assert response.status_code == 200
     chunks = iter(response.streaming_content)
     assert next(chunks) == b"chunk 0\n"
@@ -99,9 +97,9 @@ def test_middleware_holds_the_lock_until_the_last_chunk_is_sent(db_alias: str) -
     assert not _held("stream:s1")
 
 
-def test_middleware_rules_choose_views_and_methods(db_alias: str) -> None:
-    assert Client().post("/mw/x/").json() == {"lock": "dj:mw:x"}
-    assert Client().get("/mw/x/").json() == {"lock": None}  # default methods: unsafe ones only
+def test_middleware_rules_choose_views_and_methods(db_alias: str, client: Client) -> None:
+    assert client.post("/mw/x/").json() == {"lock": "dj:mw:x"}
+    assert client.get("/mw/x/").json() == {"lock": None}  # default methods: unsafe ones only
     assert not _held("mw:x")
 
 
@@ -201,48 +199,17 @@ def test_decorator_on_plain_functions_and_as_context_manager(django_servers: dic
 # -- a real server --------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def live_server(db_alias: str, django_servers: dict[str, str]) -> Iterator[str]:
-    """``manage.py runserver`` (threaded) in its own process, on the test's database."""
-    port = _free_port()
-    env = child_env()
-    env.update(django_servers)
-    env.update({"DISTLOCK_DJANGO_DB": db_alias, "DJANGO_SETTINGS_MODULE": "djangotests.testsettings"})
-    env["PYTHONPATH"] = os.pathsep.join((env["PYTHONPATH"], str(Path(__file__).resolve().parent.parent)))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def up() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        except OSError:
-            return process.poll() is not None
-        return True
-
-    wait_until(up, 30, "runserver to listen")
-    assert process.poll() is None, "runserver exited"
-    yield f"127.0.0.1:{port}"
-    process.terminate()
-    process.wait(10)
-
-
-def test_eight_processes_increment_a_balance_through_a_real_server_exactly(live_server: str) -> None:
+def test_eight_processes_increment_a_balance_through_a_real_server_exactly(
+    db_alias: str, live_server: LiveServer
+) -> None:
+    """pytest-django's live server (threaded, in this process) on the test's database, eight client processes."""
+    address = urlsplit(live_server.url).netloc
     account = Account.objects.create(balance=0)
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(8)
     results = context.Queue()
     clients = [
-        context.Process(target=post_many, args=(live_server, f"/increment/{account.pk}/", 50, barrier, results))
+        context.Process(target=post_many, args=(address, f"/increment/{account.pk}/", 50, barrier, results))
         for _ in range(8)
     ]
     started = time.monotonic()
@@ -256,13 +223,13 @@ def test_eight_processes_increment_a_balance_through_a_real_server_exactly(live_
     print(f"400 locked increments over HTTP in {time.monotonic() - started:.1f} s")
 
 
-def test_atomic_requests_release_after_the_request_commits(db_alias: str) -> None:
+def test_atomic_requests_release_after_the_request_commits(db_alias: str, client: Client) -> None:
     account = Account.objects.create(balance=0)
     settings_dict = connections[db_alias].settings_dict
     settings_dict["ATOMIC_REQUESTS"] = True
     views.PROBES.clear()
     try:
-        response = Client().post(f"/probed/{account.pk}/")
+        response = client.post(f"/probed/{account.pk}/")
     finally:
         settings_dict["ATOMIC_REQUESTS"] = False
     assert response.status_code == 200

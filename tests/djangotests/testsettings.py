@@ -61,6 +61,7 @@ DATABASES = {
 }
 DATABASE_ROUTERS = ["djangotests.testapp.router.ContextRouter"]
 ROOT_URLCONF = "djangotests.testapp.urls"
+STATIC_URL = "static/"  # pytest-django's live_server serves static files under it
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
