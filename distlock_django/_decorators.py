@@ -12,7 +12,8 @@ holds the lock nor any token. Elsewhere the errors propagate.
 
 Release waits for commit: a lock that ends inside ``transaction.atomic()`` or ``ATOMIC_REQUESTS`` is released when
 the transaction commits or rolls back (see ``_tx.py``), so the next holder never reads what this one had not
-committed. Async views release at once (Django forbids ``ATOMIC_REQUESTS`` for them).
+committed. The atomic blocks Django's ``TestCase`` (or pytest-django's ``db``) wraps a test in do not count: they
+never commit. Async views release at once (Django forbids ``ATOMIC_REQUESTS`` for them).
 
 Also a context manager for a fixed name: ``with distributed_lock("report:daily") as lock: ...``.
 """

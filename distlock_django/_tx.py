@@ -8,8 +8,19 @@ Django has ``on_commit`` hooks but no rollback hook. A rollback drops the hooks 
 here is an object watched by ``weakref.finalize``: when Django drops it without running it (rollback, or a closed
 connection) the finalizer releases the lock. On CPython that happens at once, in the thread that rolled back.
 
+Django's ``TestCase`` (and pytest-django's ``db`` fixture, built on it) wraps each test in atomic blocks that never
+commit: it rolls them back at the end of the test. Django marks those blocks (``Atomic._from_testcase``), and they
+are not counted here. A lock that ends when only a test case's blocks are open is released at once, as it would be
+outside any transaction; one that ends inside the test's own ``atomic()`` (or ``ATOMIC_REQUESTS``) on top of them is
+released when that block (the outermost one that is not the test case's) ends, committed or rolled back: in a real
+transaction that is where it would commit. That end is a ``RELEASE SAVEPOINT`` (or ``ROLLBACK TO SAVEPOINT``)
+statement, seen by an execute wrapper (Django's database instrumentation) that removes itself once it has fired.
+``TransactionTestCase`` and pytest-django's ``transactional_db`` open no such blocks: real transactions, real commits.
+
 What can go wrong: a release that finds the lock lost logs a warning (the transaction has already committed; its
-fenced writes were accepted or refused on their own merits) instead of raising into Django's commit path.
+fenced writes were accepted or refused on their own merits) instead of raising into Django's commit path. Inside a
+test case, a block opened with ``atomic(savepoint=False)`` ends without a statement: its lock is released at the
+connection's next statement, or when the test case rolls back.
 """
 
 from __future__ import annotations
@@ -17,8 +28,10 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from typing import Any
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 import distlock
 
@@ -28,16 +41,18 @@ log = logging.getLogger("distlock.django")
 
 
 class _Pending:
-    def __init__(self, lock: distlock.Lock, waiting: int) -> None:
+    """One deferred release: it happens when every connection it waits for has committed, or any rolled back."""
+
+    def __init__(self, lock: distlock.Lock, aliases: set[str]) -> None:
         self._lock = lock
-        self._waiting = waiting
+        self._waiting = aliases
         self._done = False
         self._mutex = threading.Lock()
 
-    def committed(self) -> None:
+    def committed(self, alias: str) -> None:
         with self._mutex:
-            self._waiting -= 1
-            if self._waiting > 0 or self._done:
+            self._waiting.discard(alias)
+            if self._waiting or self._done:
                 return
             self._done = True
         _release(self._lock)
@@ -53,11 +68,37 @@ class _Pending:
 class _Hook:
     """One on_commit hook; its finalizer tells a rollback (hook dropped unrun) from a commit."""
 
-    def __init__(self, pending: _Pending) -> None:
+    def __init__(self, pending: _Pending, alias: str) -> None:
         self._pending = pending
+        self._alias = alias
 
     def __call__(self) -> None:
-        self._pending.committed()
+        self._pending.committed(self._alias)
+
+
+class _BlockEnd:
+    """An execute wrapper that fires once the test's own outermost atomic block (above a test case's) has ended."""
+
+    def __init__(self, pending: _Pending, connection: BaseDatabaseWrapper, depth: int) -> None:
+        self._pending = pending
+        self._connection = connection
+        self._depth = depth
+        self._block = connection.atomic_blocks[depth]
+
+    def _ended(self) -> bool:
+        blocks = self._connection.atomic_blocks
+        return len(blocks) <= self._depth or blocks[self._depth] is not self._block
+
+    def __call__(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            # Django pops the block before it releases (or rolls back to) the block's savepoint.
+            if self._ended():
+                wrappers = self._connection.execute_wrappers
+                if self in wrappers:
+                    wrappers.remove(self)
+                self._pending.committed(self._connection.alias)
 
 
 def _release(lock: distlock.Lock) -> None:
@@ -69,18 +110,39 @@ def _release(lock: distlock.Lock) -> None:
         pass
 
 
+def _test_case_blocks(connection: BaseDatabaseWrapper) -> int:
+    """How many of the connection's open atomic blocks, from the outermost, a test case opened (Django marks them)."""
+    count = 0
+    for block in connection.atomic_blocks:
+        if not getattr(block, "_from_testcase", False):
+            break
+        count += 1
+    return count
+
+
 def release_after_commit(lock: distlock.Lock) -> bool:
     """Release ``lock`` now, or when this thread's open transactions commit (or roll back).
 
-    Returns True when the release was deferred. Raises ``LockLost`` only for an immediate release.
+    Blocks a test case opened around the test do not count (see the module's docstring). Returns True when the
+    release was deferred. Raises ``LockLost`` only for an immediate release.
     """
-    in_transaction = [c for c in connections.all(initialized_only=True) if c.in_atomic_block]
-    if not in_transaction:
+    waiting: list[tuple[BaseDatabaseWrapper, int]] = []
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            continue
+        depth = _test_case_blocks(connection)
+        if depth and depth == len(connection.atomic_blocks):
+            continue  # only the test case's own blocks: they never commit
+        waiting.append((connection, depth))
+    if not waiting:
         lock.release()
         return False
-    pending = _Pending(lock, len(in_transaction))
-    for connection in in_transaction:
-        hook = _Hook(pending)
+    pending = _Pending(lock, {connection.alias for connection, _ in waiting})
+    for connection, depth in waiting:
+        hook = _Hook(pending, connection.alias)
         weakref.finalize(hook, pending.dropped)
         connection.on_commit(hook)
+        if depth:
+            # First in the list: `with connection.execute_wrapper(...)` pops the last one when it exits.
+            connection.execute_wrappers.insert(0, _BlockEnd(pending, connection, depth))
     return True

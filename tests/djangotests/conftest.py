@@ -75,8 +75,12 @@ def django_servers(etcd_url: str, postgres_dsn: str) -> Iterator[dict[str, str]]
 
 
 @pytest.fixture(params=["default", "pg"], ids=["sqlite", "postgres"])
-def db_alias(request: pytest.FixtureRequest, transactional_db: None, django_servers: dict[str, str]) -> Iterator[str]:
-    """Run the test on SQLite and on PostgreSQL (the test database pytest-django made); flushed afterwards."""
+def db_alias(request: pytest.FixtureRequest, django_servers: dict[str, str]) -> Iterator[str]:
+    """Run the test on SQLite and on PostgreSQL (the test databases pytest-django made).
+
+    The test's ``django_db`` mark names both databases and says how: ``transaction=True`` (real commits, both
+    flushed afterwards) or not (inside the atomic blocks of a ``TestCase``, rolled back afterwards).
+    """
     from djangotests.testapp import router
 
     alias: str = request.param
