@@ -1,0 +1,61 @@
+"""Removing every key under a client's key prefix: how the pytest plugin leaves a lock server as it found it.
+
+Closing a client releases the locks it holds, but not every key a backend wrote goes with them: on Redis a lock's
+token counter never expires (that is what keeps its tokens increasing), and a wake-up list can outlive its
+waiter; on etcd every key is on a lease, so only a client that never closed (a crashed process, a client the test
+forgot) leaves keys behind, until its lease runs out. `remove_keys` deletes them all, for one prefix, right away.
+
+Only for a prefix no live program uses: a holder whose keys are deleted loses its lock (on etcd at once; on Redis
+its next waiter walks in), and a deleted Redis token counter starts again from the server clock. Prefixes are
+matched as strings, so removing prefix ``a`` also removes the keys of a prefix ``a/b`` (etcd) or ``a:b`` (Redis).
+
+What can go wrong: the server errors of any request (`BackendUnavailable`, `AuthenticationFailed`), and on a
+Redis Cluster a slot moving between the scan and the delete leaves that key behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import distlock
+from distlock.backends import SCHEMES
+
+__all__ = ["remove_keys"]
+
+_WHAT = "remove the test's keys"
+
+
+def remove_keys(url: str, prefix: str) -> int:
+    """Delete every key under ``prefix`` on the lock service at ``url``; return how many were deleted."""
+    backend_name = SCHEMES[url.partition("://")[0].lower()].backend
+    with distlock.connect(url, prefix=prefix) as client:
+        backend: Any = client._backend
+        return _remove_etcd(backend) if backend_name == "etcd" else _remove_redis(backend)
+
+
+def _remove_etcd(backend: Any) -> int:
+    from etcd3 import etcdrpc
+
+    from distlock.backends._etcd import _prefix_end
+
+    keys = etcdrpc.DeleteRangeRequest(key=backend._prefix, range_end=_prefix_end(backend._prefix))
+    # A transaction: EtcdBackend sends Txn and Range to the KV service, and a Txn answers the same deletion.
+    request = etcdrpc.TxnRequest(success=[etcdrpc.RequestOp(request_delete_range=keys)])
+    response, _ = backend._unary(_WHAT, "Txn", request)
+    return int(response.responses[0].response_delete_range.deleted)
+
+
+def _remove_redis(backend: Any) -> int:
+    pattern = "".join(f"\\{c}" if c in "\\*?[]" else c for c in backend._prefix) + ":*"
+    removed = 0
+    for pool in backend._target.pools():
+        cursor: Any = 0
+        while True:
+            (cursor, keys), _ = backend._request(_WHAT, pool, "SCAN", cursor, "MATCH", pattern, "COUNT", 500)
+            for key in keys:
+                # One key at a time, on the server the scan found it on: a Cluster refuses DEL across slots.
+                deleted, _ = backend._request(_WHAT, pool, "DEL", key)
+                removed += int(deleted)
+            if int(cursor) == 0:
+                break
+    return removed

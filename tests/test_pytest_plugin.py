@@ -1,0 +1,221 @@
+"""The pytest plugin for users' test suites (``distlock.testing._plugin``), tested as pytest plugins are: pytester
+writes a small users' project and runs pytest on it in a subprocess, which loads the plugin through its ``pytest11``
+entry point exactly as a user's pytest does (nothing here passes ``-p``).
+
+Each project's last word is the server's: no key is left on it, checked inside the session (the throwaway server
+is gone after it) or, with ``--distlock-url``/``$DISTLOCK_TEST_URL`` pointing at this test's own server, after it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import distlock.testing
+
+pytest_plugins = ["pytester"]
+
+# Lists every key on the server the URL names (etcdctl for etcd, redis-py for Redis), from inside the project.
+SERVER_KEYS = """
+import subprocess
+
+import redis
+
+from distlock.testing import find_etcdctl
+
+
+def keys_on_server(url):
+    if url.startswith("redis://"):
+        with redis.Redis.from_url(url) as server:
+            return sorted(key.decode() for key in server.keys("*"))
+    endpoint = url.removeprefix("etcd://")
+    command = [find_etcdctl(), f"--endpoints={endpoint}", "get", "", "--prefix", "--keys-only"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+"""
+
+PLAIN_TESTS = """
+from serverkeys import keys_on_server
+
+SEEN = {}
+
+
+def test_locks_and_tokens(distlock_client, distlock_prefix, distlock_url):
+    SEEN["prefix"] = distlock_prefix
+    with distlock_client.lock("order:42", ttl=10) as lock:
+        first = lock.token
+        assert distlock_client.holder("order:42").token == first
+    with distlock_client.lock("order:42", ttl=10) as lock:
+        assert lock.token > first
+    distlock_client.lock("left-held", ttl=30).acquire()  # still held when the test ends
+    keys = keys_on_server(distlock_url)
+    assert keys and all(key.startswith(distlock_prefix) for key in keys)
+
+
+def test_the_first_test_left_nothing(distlock_client, distlock_prefix, distlock_url):
+    assert SEEN["prefix"] != distlock_prefix
+    assert keys_on_server(distlock_url) == []
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """An empty users' project, run without this process's Django settings or distlock URL."""
+    for name in ("DJANGO_SETTINGS_MODULE", "DISTLOCK_TEST_URL"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    pytester.makepyfile(serverkeys=SERVER_KEYS)
+    return pytester
+
+
+def keys_on(server: distlock.testing.EtcdServer | distlock.testing.RedisServer) -> list[str]:
+    if isinstance(server, distlock.testing.RedisServer):
+        with server.client() as redis:
+            return sorted(key.decode() for key in redis.keys("*"))
+    return server.etcdctl("get", "", "--prefix", "--keys-only").split()
+
+
+def test_pytest_help_lists_the_options(project: pytest.Pytester) -> None:
+    result = project.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines(
+        [
+            "distlock: lock servers and clients for tests:",
+            "*--distlock-url=URL*",
+            "*--distlock-backend={etcd,redis}*",
+            "*--distlock-etcd-bin=PATH*",
+            "*--distlock-redis-bin=PATH*",
+            "*--distlock-prefix=PREFIX*",
+        ]
+    )
+    for ini_key in ("distlock_url", "distlock_backend", "distlock_etcd_bin", "distlock_redis_bin", "distlock_prefix"):
+        result.stdout.fnmatch_lines([f"*{ini_key} (string)*"])
+
+
+@pytest.mark.parametrize("backend", ["etcd", "redis"])
+def test_a_throwaway_server_per_session_and_nothing_left_by_a_test(project: pytest.Pytester, backend: str) -> None:
+    project.makepyfile(test_plain=PLAIN_TESTS)
+    result = project.runpytest_subprocess(f"--distlock-backend={backend}")
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize("backend", ["etcd", "redis"])
+def test_an_existing_server_is_left_without_keys(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
+) -> None:
+    server = request.getfixturevalue(f"{backend}_server")
+    project.makepyfile(test_plain=PLAIN_TESTS)
+    monkeypatch.setenv("DISTLOCK_TEST_URL", server.url)
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(passed=2)
+    assert keys_on(server) == []
+
+
+def test_noproc_without_a_url_says_what_to_pass(project: pytest.Pytester) -> None:
+    project.makepyfile("def test_needs_a_server(distlock_etcd_noproc):\n    pass\n")
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*distlock_etcd_noproc needs a running etcd: pass --distlock-url*"])
+
+
+def test_noproc_refuses_a_url_of_the_other_backend(
+    project: pytest.Pytester, redis_server: distlock.testing.RedisServer
+) -> None:
+    project.makepyfile("def test_needs_etcd(distlock_etcd_noproc):\n    pass\n")
+    result = project.runpytest_subprocess(f"--distlock-url={redis_server.url}")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*distlock_etcd_noproc: --distlock-url * is not a etcd URL*"])
+
+
+def test_the_ini_file_sets_the_prefix(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\npythonpath = .\ndistlock_prefix = myapp-tests\n")
+    project.makepyfile(
+        "def test_prefix(distlock_client, distlock_prefix):\n    assert distlock_prefix.startswith('myapp-tests/')\n"
+    )
+    project.runpytest_subprocess().assert_outcomes(passed=1)
+
+
+DJANGO_SETTINGS = """
+SECRET_KEY = "shop-tests"
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "distlock_django"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+ROOT_URLCONF = "shop.urls"
+# The production URL: distlock_django (the fixture) points it at the test server for each test.
+DISTLOCK = {"URL": "etcd://127.0.0.1:1", "TIMEOUT": 0.2}
+"""
+
+DJANGO_VIEWS = """
+from django.http import HttpResponse
+
+from distlock_django import distributed_lock
+
+
+@distributed_lock("item:{pk}")
+def item(request, pk):
+    return HttpResponse(f"item {pk}")
+"""
+
+DJANGO_URLS = """
+from django.urls import path
+
+from shop.views import item
+
+urlpatterns = [path("items/<int:pk>/", item)]
+"""
+
+DJANGO_TESTS = """
+import pytest
+from django.test import TestCase
+
+from distlock_django import lock_name
+
+
+# TestCase-style (this test and ItemTests): the test case's own atomic blocks never commit, so these two need
+# distlock_django to release at the view's own end when the only open atomic blocks are the test case's.
+@pytest.mark.django_db
+def test_two_requests_in_one_test(client, distlock_django):
+    assert client.get("/items/1/").status_code == 200
+    assert client.get("/items/1/").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_requests_in_one_transactional_test(client, distlock_django):
+    assert client.get("/items/1/").status_code == 200
+    assert client.get("/items/1/").status_code == 200
+
+
+def test_a_held_lock_answers_423(client, distlock_django, distlock_client):
+    with distlock_client.lock(lock_name("item:1"), ttl=10):
+        assert client.get("/items/1/").status_code == 423
+    assert client.get("/items/1/").status_code == 200
+
+
+@pytest.mark.usefixtures("distlock_django")
+class ItemTests(TestCase):
+    def test_two_requests(self):
+        assert self.client.get("/items/2/").status_code == 200
+        assert self.client.get("/items/2/").status_code == 200
+"""
+
+
+# Two of its four tests are TestCase-style: they pass once distlock_django releases at the view's own end when the
+# only open atomic blocks are the test case's own (see DJANGO_TESTS).
+def test_django_views_under_pytest_django(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, etcd_server: distlock.testing.EtcdServer
+) -> None:
+    project.makeini("[pytest]\npythonpath = .\nDJANGO_SETTINGS_MODULE = shop.settings\n")
+    project.mkpydir("shop")
+    project.makepyfile(
+        **{"shop/settings": DJANGO_SETTINGS, "shop/views": DJANGO_VIEWS, "shop/urls": DJANGO_URLS},
+        test_views=DJANGO_TESTS,
+    )
+    monkeypatch.setenv("DISTLOCK_TEST_URL", etcd_server.url)
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(passed=4)
+    assert keys_on(etcd_server) == []
+
+
+def test_distlock_django_without_pytest_django_says_what_to_install(project: pytest.Pytester) -> None:
+    project.makepyfile("def test_view(distlock_django):\n    pass\n")
+    result = project.runpytest_subprocess("-p", "no:django")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*distlock_django needs pytest-django: pip install pytest-django*"])
