@@ -8,6 +8,8 @@ is gone after it) or, with ``--distlock-url``/``$DISTLOCK_TEST_URL`` pointing at
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import distlock.testing
@@ -33,6 +35,7 @@ def keys_on_server(url):
 """
 
 PLAIN_TESTS = """
+import distlock
 from serverkeys import keys_on_server
 
 SEEN = {}
@@ -46,6 +49,8 @@ def test_locks_and_tokens(distlock_client, distlock_prefix, distlock_url):
     with distlock_client.lock("order:42", ttl=10) as lock:
         assert lock.token > first
     distlock_client.lock("left-held", ttl=30).acquire()  # still held when the test ends
+    SEEN["forgotten"] = distlock.connect(distlock_url, prefix=distlock_prefix)  # never closed by the test
+    SEEN["forgotten"].lock("forgotten", ttl=30).acquire()
     keys = keys_on_server(distlock_url)
     assert keys and all(key.startswith(distlock_prefix) for key in keys)
 
@@ -130,6 +135,27 @@ def test_the_ini_file_sets_the_prefix(project: pytest.Pytester) -> None:
         "def test_prefix(distlock_client, distlock_prefix):\n    assert distlock_prefix.startswith('myapp-tests/')\n"
     )
     project.runpytest_subprocess().assert_outcomes(passed=1)
+
+
+def test_the_etcd_binary_comes_from_the_ini_file(project: pytest.Pytester) -> None:
+    etcd = str(project.path / "my-etcd")  # a name of its own: the harness would not find it without the ini key
+    os.symlink(distlock.testing.find_etcd(), etcd)
+    project.makeini(f"[pytest]\npythonpath = .\ndistlock_etcd_bin = {etcd}\n")
+    project.makepyfile(
+        f"""
+def test_binary(distlock_etcd_proc):
+    with open(f"/proc/{{distlock_etcd_proc.pid}}/cmdline") as cmdline:
+        assert cmdline.read().split("\\0")[0] == {etcd!r}
+"""
+    )
+    project.runpytest_subprocess().assert_outcomes(passed=1)
+
+
+def test_a_binary_option_that_names_no_executable_says_so(project: pytest.Pytester) -> None:
+    project.makepyfile("def test_needs_redis(distlock_redis_proc):\n    pass\n")
+    result = project.runpytest_subprocess("--distlock-redis-bin=/nonexistent/redis-server")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--distlock-redis-bin '/nonexistent/redis-server' is not an executable file*"])
 
 
 DJANGO_SETTINGS = """

@@ -36,7 +36,6 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -193,7 +192,9 @@ def distlock_client(distlock_url: str, distlock_prefix: str) -> Iterator[distloc
 
 
 @pytest.fixture
-def distlock_django(request: pytest.FixtureRequest, distlock_url: str, distlock_prefix: str) -> Iterator[Any]:
+def distlock_django(
+    request: pytest.FixtureRequest, distlock_url: str, distlock_prefix: str
+) -> Iterator[distlock.Client]:
     """distlock_django pointed at the test server for one test, through pytest-django's ``settings`` fixture;
     returns distlock_django's shared client."""
     try:
