@@ -36,6 +36,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -57,6 +58,8 @@ __all__ = [
     "distlock_url",
     "pytest_addoption",
 ]
+
+_S = TypeVar("_S", EtcdServer, RedisServer)
 
 _URL_ENV = "DISTLOCK_TEST_URL"
 _BACKENDS = ("etcd", "redis")
@@ -118,37 +121,33 @@ def _given_url(config: pytest.Config, backend: str) -> str:
     return url
 
 
-@contextlib.contextmanager
-def _binary(config: pytest.Config, name: str, env: str) -> Iterator[None]:
-    """``$env`` set to the binary the option names while the harness looks for it (it reads ``$env`` first)."""
-    given = _setting(config, name)
-    if given is None:
-        yield
-        return
-    binary = shutil.which(given)
-    if binary is None:
-        pytest.fail(f"distlock: --distlock-{name} {given!r} is not an executable file", pytrace=False)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(env, binary)
-        yield
+def _started(config: pytest.Config, server_class: type[_S], backend: str) -> Iterator[_S]:
+    """A server of ``server_class`` until the generator closes; ``--distlock-<backend>-bin`` names its binary, which
+    the harness finds in ``$DISTLOCK_<BACKEND>_BIN`` (set only while the server is made)."""
+    given = _setting(config, f"{backend}-bin")
+    with contextlib.ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as patch:
+            if given is not None:
+                binary = shutil.which(given)
+                if binary is None:
+                    pytest.fail(
+                        f"distlock: --distlock-{backend}-bin {given!r} is not an executable file", pytrace=False
+                    )
+                patch.setenv(f"DISTLOCK_{backend.upper()}_BIN", binary)
+            server = stack.enter_context(server_class())
+        yield server
 
 
 @pytest.fixture(scope="session")
 def distlock_etcd_proc(request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
     """A throwaway etcd for the session (``--distlock-etcd-bin`` chooses the binary)."""
-    with contextlib.ExitStack() as stack:
-        with _binary(request.config, "etcd-bin", "DISTLOCK_ETCD_BIN"):
-            server = stack.enter_context(EtcdServer())
-        yield server
+    yield from _started(request.config, EtcdServer, "etcd")
 
 
 @pytest.fixture(scope="session")
 def distlock_redis_proc(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
     """A throwaway Redis for the session (``--distlock-redis-bin`` chooses the binary)."""
-    with contextlib.ExitStack() as stack:
-        with _binary(request.config, "redis-bin", "DISTLOCK_REDIS_BIN"):
-            server = stack.enter_context(RedisServer())
-        yield server
+    yield from _started(request.config, RedisServer, "redis")
 
 
 @pytest.fixture(scope="session")
