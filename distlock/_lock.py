@@ -92,7 +92,8 @@ class LockOptions(TypedDict, total=False):
     ``ttl`` (default 30 s): the lease, how long the lock outlives a holder that stopped answering. ``timeout``
     (default 60 s): how long ``acquire()`` and ``with`` wait; ``math.inf`` waits forever, 0 does not wait.
     ``max_hold`` (default None, no bound): the most the lock may be held at all. ``on_lost(lock)`` (default None):
-    called on a background thread when the lock becomes lost. ``owner`` (default: a random id per acquisition):
+    called on the client's clean-up thread when the lock becomes lost (it may be slow: lease refreshes do not
+    wait for it). ``owner`` (default: a random id per acquisition):
     the id ``client.holder(name).owner`` reports while this handle holds the lock.
     """
 
@@ -109,8 +110,10 @@ _KNOWN_OPTIONS = ", ".join(sorted(LockOptions.__optional_keys__))
 class Lock:
     """A handle on one distributed lock. Create with ``client.lock(name, ttl=..., timeout=...)``.
 
-    The options (:class:`LockOptions`) are checked once, here. Past ``max_hold`` the lock is released and marked
-    lost even if the holder is alive but hung. ``owner`` lets other processes tell who holds the lock (the Celery
+    The options (:class:`LockOptions`) are checked once, here. ``ttl`` stays what was asked; the lease granted
+    is at least :data:`~distlock._session.MIN_TTL` (one second) and may be longer (etcd grants whole seconds), and
+    refreshes follow the granted TTL. Past ``max_hold`` the lock is released and marked lost even if the holder
+    is alive but hung. ``owner`` lets other processes tell who holds the lock (the Celery
     integration stores the task id there).
     """
 
@@ -341,6 +344,12 @@ class Lock:
         self._lost_event.set()
         log.warning("distlock: lock %r lost: %s", self.name, reason)
         if self._on_lost is not None:
+            # Not on the calling thread: the keeper must go on refreshing leases, and a caller of ``lost`` or
+            # ``ensure_held()`` does not expect to run user code.
+            self._client._keeper.defer(self._call_on_lost)
+
+    def _call_on_lost(self) -> None:
+        if self._on_lost is not None:
             try:
                 self._on_lost(self)
             except Exception:
@@ -364,7 +373,8 @@ class Lock:
         if ticket is None or session is None:
             return
         self._mark_lost(f"held longer than max_hold={self.max_hold:g} s")
-        self._give_up(ticket, session)
+        # Deleting the key talks to the server: off the keeper thread, which must go on refreshing leases.
+        self._client._keeper.defer(functools.partial(self._give_up, ticket, session))
 
     # -- releasing --------------------------------------------------------------------------------------------
 

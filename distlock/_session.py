@@ -1,28 +1,41 @@
 """Sessions: one lease per client and TTL, kept alive by one background thread, and the deadline that says "lost".
 
 Every lock a client takes with the same TTL hangs on one lease, so holding 10,000 locks costs one refresh every TTL/3,
-not 10,000. The keeper thread refreshes each lease and keeps a *deadline* per lease on the boot-time clock: the time
-the last successful refresh was **sent** plus the TTL the server granted, less a margin. The server restarted its TTL
-countdown no earlier than that send, so until the deadline the lease cannot have expired. When a refresh answers
-"lease gone", or the deadline passes without a successful refresh (etcd unreachable, or this process was paused —
-SIGSTOP, a GC pause, a suspended laptop), the session is *lost*: every lock held on it is marked lost (flag, event,
-callback), every waiter on it is woken to queue again on a new lease, and the old lease is revoked, best effort, so
-the server agrees with what the locks now say. A lost session is never revived.
+not 10,000. A lease is never shorter than :data:`MIN_TTL` (one second), and the server may grant more than was
+asked: etcd counts whole seconds (it rounds up, and has a minimum of its own of a second or more), Redis
+milliseconds. Everything here is scheduled from the TTL the server *granted* (``Lease.ttl``), never from the one
+asked for: a ``ttl=0.001`` lock is refreshed three times a second, like any one-second lease.
 
-The keeper also enforces each held lock's maximum hold time (it deletes the lock's key, revision-checked, and marks it
-lost), and keeps retrying deletions that failed when the server was away ("orphans"), so that a waiter that gave up
-during an outage cannot block its queue for as long as its lease lives.
+The keeper thread refreshes each lease and keeps a *deadline* per lease on the boot-time clock: the time the last
+successful refresh was **sent** plus the TTL the server granted, less a margin. The server restarted its TTL countdown
+no earlier than that send, so until the deadline the lease cannot have expired. When a refresh answers "lease gone",
+or the deadline passes without a successful refresh (etcd unreachable, or this process was paused — SIGSTOP, a GC
+pause, a suspended laptop), the session is *lost*: every lock held on it is marked lost (flag, event, callback), every
+waiter on it is woken to queue again on a new lease, and the old lease is revoked, best effort, so the server agrees
+with what the locks now say. A lost session is never revived. The keeper also enforces each held lock's maximum hold
+time (the lock is marked lost and its key deleted, revision-checked).
 
-What can go wrong: a user ``on_lost`` callback runs on the keeper thread and must be quick; an exception in it is
-logged, not raised. After ``fork()`` the child gets an empty keeper: the parent's leases are neither refreshed nor
-revoked by the child.
+Work that talks to the server for something other than a refresh, or runs user code, is done by a second thread, the
+*cleaner*: revoking lost leases, deleting the key of a lock past its maximum hold time, retrying deletions that failed
+while the server was away ("orphans", so that a waiter that gave up during an outage cannot block its queue for as
+long as its lease lives), and the locks' ``on_lost`` callbacks. So a slow callback or a revoke stuck on an unreachable
+server never delays a refresh, and a short lease on the same client does not lapse meanwhile.
+
+What can go wrong: neither thread dies of an exception: one that escapes a refresh, a clean-up job or a callback is
+logged (logger ``distlock``) and the thread goes on; a refresh that raised is retried soon, and the deadline still
+decides when its session is lost. A slow ``on_lost`` callback delays the clean-up jobs queued behind it (a revoke, an
+orphan deletion), never a refresh. ``close()`` revokes every lease itself and waits a little for the cleaner to run
+what is queued (callbacks of locks the close made lost among it). After ``fork()`` the child gets an empty keeper and
+no threads: the parent's leases are neither refreshed nor revoked by the child.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,18 +43,29 @@ from . import _clock
 from ._errors import ClientClosed, DistlockError
 from ._protocol import Backend, Lease, LeaseGone, Ticket
 
-__all__ = ["Keeper", "Member", "Session"]
+__all__ = ["MIN_TTL", "Keeper", "Member", "Session"]
 
 log = logging.getLogger("distlock")
 
-#: Refresh a lease this many times per TTL.
+#: The shortest lease asked of a server, in seconds: a shorter ``ttl`` gets this. Below about a second the safety
+#: margin and one refresh interval leave a refresh no time to be late (etcd's own minimum is a second or more).
+MIN_TTL = 1.0
+#: Refresh a lease this many times per granted TTL.
 REFRESHES_PER_TTL = 3
-#: How long a failed revoke or orphan deletion may block the keeper thread.
-CLEANUP_BUDGET = 1.0
+#: How long ``close()`` waits for each background thread to finish what it is doing.
+CLOSE_WAIT = 2.0
+#: Pause between attempts to delete orphans while the server is away.
+ORPHAN_RETRY = 0.2
+#: The longest a background thread sleeps at once: whatever a server answers, a wait never overflows.
+_MAX_SLEEP = 60.0
 
 
 class Member(Protocol):
-    """A lock holding or waiting on a session: told when the session is lost and when its hold time runs out."""
+    """A lock holding or waiting on a session: told when the session is lost and when its hold time runs out.
+
+    Both calls come from the keeper thread and must not block: work that talks to the server or runs user code goes
+    to :meth:`Keeper.defer`.
+    """
 
     @property
     def hold_deadline(self) -> float | None: ...
@@ -58,7 +82,8 @@ def _margin(ttl: float) -> float:
 
 @dataclass(eq=False)
 class Session:
-    """One lease and what hangs on it."""
+    """One lease and what hangs on it. ``ttl`` is what was asked (the key among a client's sessions);
+    ``lease.ttl`` is what the server granted, which the schedule follows."""
 
     lease: Lease
     ttl: float
@@ -68,6 +93,10 @@ class Session:
     members: set[Member] = field(default_factory=set)
     lost_reason: str | None = None
     last_error: str | None = None
+
+    @property
+    def refresh_interval(self) -> float:
+        return self.lease.ttl / REFRESHES_PER_TTL
 
     def expired(self, now: float | None = None) -> bool:
         return self.lost_reason is not None or (_clock.now() if now is None else now) >= self.deadline
@@ -81,24 +110,29 @@ class Session:
 
 
 class Keeper:
-    """Owns a client's sessions and the background thread that keeps them alive."""
+    """Owns a client's sessions, the keeper thread that keeps them alive and the cleaner thread (see the module)."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._init_state()
 
     def _init_state(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        mutex = threading.Lock()
+        self._cond = threading.Condition(mutex)  # the keeper thread's: sessions, hold deadlines, close
+        self._work = threading.Condition(mutex)  # the cleaner's: jobs and orphans
         self._grant_mutex = threading.Lock()
         self._sessions: dict[float, Session] = {}
+        self._jobs: list[Callable[[], None]] = []
         self._orphans: list[tuple[Ticket, Session]] = []
         self._thread: threading.Thread | None = None
+        self._cleaner: threading.Thread | None = None
         self._closed = False
 
     # -- used by locks ----------------------------------------------------------------------------------------
 
     def session(self, ttl: float) -> Session:
-        """The live session for ``ttl``, granting a new lease when there is none."""
+        """The live session for ``ttl`` (at least :data:`MIN_TTL`), granting a new lease when there is none."""
+        ttl = max(ttl, MIN_TTL)
         with self._grant_mutex:
             with self._cond:
                 if self._closed:
@@ -115,13 +149,11 @@ class Keeper:
                 ttl=ttl,
                 deadline=sent + lease.ttl - _margin(lease.ttl),
                 sent_at=sent,
-                next_refresh=sent + ttl / REFRESHES_PER_TTL,
+                next_refresh=sent + lease.ttl / REFRESHES_PER_TTL,
             )
             with self._cond:
-                if self._closed:
-                    closed = True
-                else:
-                    closed = False
+                closed = self._closed
+                if not closed:
                     self._sessions[ttl] = session
                     self._start_thread()
                     self._cond.notify_all()
@@ -144,15 +176,26 @@ class Keeper:
         with self._cond:
             self._cond.notify_all()
 
+    def defer(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the cleaner thread, after the jobs before it; an exception it raises is logged.
+
+        Jobs deferred while or after the client closes still run (the thread drains its queue, then ends)."""
+        with self._work:
+            self._jobs.append(job)
+            self._start_cleaner()
+            self._work.notify_all()
+
     def orphan(self, ticket: Ticket, session: Session) -> None:
         """Keep trying to delete ``ticket`` in the background (its deletion failed while the server was away)."""
-        with self._cond:
+        with self._work:
+            if self._closed:
+                return  # close() revoked the lease, and the key with it
             self._orphans.append((ticket, session))
-            self._start_thread()
-            self._cond.notify_all()
+            self._start_cleaner()
+            self._work.notify_all()
 
     def declare_lost(self, session: Session, reason: str) -> None:
-        """Mark ``session`` lost (once), tell its members, and revoke its lease."""
+        """Mark ``session`` lost (once), tell its members, and revoke its lease (on the cleaner thread)."""
         with self._cond:
             if session.lost_reason is not None:
                 return
@@ -162,31 +205,36 @@ class Keeper:
             members = list(session.members)
         log.warning("distlock session lost: %s", reason)
         for member in members:
-            member.session_lost(reason)
-        self._revoke(session)
+            self._guarded(member.session_lost, reason)
+        self.defer(functools.partial(self._revoke, session))
 
     def close(self) -> None:
-        """Stop the thread and revoke every lease (which frees every lock this client holds)."""
+        """Revoke every lease (which frees every lock this client holds) and stop both threads."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             sessions = list(self._sessions.values())
             self._sessions.clear()
+            self._orphans.clear()
             self._cond.notify_all()
-            thread = self._thread
+            self._work.notify_all()
+            keeper = self._thread
         for session in sessions:
             with self._cond:
                 session.lost_reason = "the distlock client was closed"
                 members = list(session.members)
             for member in members:
-                member.session_lost("the distlock client was closed")
+                self._guarded(member.session_lost, "the distlock client was closed")
             self._revoke(session)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=CLEANUP_BUDGET + 1)
+        with self._work:
+            cleaner = self._cleaner  # running the callbacks of the locks just lost, if any
+        for thread in (keeper, cleaner):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=CLOSE_WAIT)
 
     def after_fork(self) -> None:
-        """In a forked child: forget the parent's sessions (the parent still refreshes them) and its thread."""
+        """In a forked child: forget the parent's sessions (the parent still refreshes them), jobs and threads."""
         self._init_state()
 
     # -- the keeper thread ------------------------------------------------------------------------------------
@@ -198,44 +246,49 @@ class Keeper:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                if self._closed:
+            try:
+                if not self._run_once():
                     return
-                now = _clock.now()
-                wake = math.inf
-                refresh: list[Session] = []
-                expired: list[Session] = []
-                holds: list[Member] = []
-                for session in self._sessions.values():
-                    if now >= session.deadline:
-                        expired.append(session)
-                        continue
-                    if now >= session.next_refresh:
-                        refresh.append(session)
-                    wake = min(wake, session.next_refresh, session.deadline)
-                    for member in session.members:
-                        deadline = member.hold_deadline
-                        if deadline is not None:
-                            if now >= deadline:
-                                holds.append(member)
-                            else:
-                                wake = min(wake, deadline)
-                orphans, self._orphans = self._orphans, []
-                if not (refresh or expired or holds or orphans):
-                    self._cond.wait(timeout=None if wake == math.inf else max(wake - now, 0.001))
-                    continue
-            for session in expired:
-                self.declare_lost(session, session.why_expired())
-            for session in refresh:
-                self._refresh(session)
-            for member in holds:
-                member.hold_expired()
-            retry = [(t, s) for t, s in orphans if not self._delete_orphan(t, s)]
-            if retry:
+            except Exception:
+                log.exception("distlock keeper: unexpected error (carrying on)")
                 with self._cond:
-                    self._orphans.extend(retry)
                     if not self._closed:
-                        self._cond.wait(timeout=0.2)
+                        self._cond.wait(timeout=0.1)  # whatever it was, do not spin on it
+
+    def _run_once(self) -> bool:
+        """One round: wait until something is due, then do it. False once the keeper is closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            now = _clock.now()
+            wake = now + _MAX_SLEEP
+            refresh: list[Session] = []
+            expired: list[Session] = []
+            holds: list[Member] = []
+            for session in self._sessions.values():
+                if now >= session.deadline:
+                    expired.append(session)
+                    continue
+                if now >= session.next_refresh:
+                    refresh.append(session)
+                wake = min(wake, session.next_refresh, session.deadline)
+                for member in session.members:
+                    deadline = member.hold_deadline
+                    if deadline is not None:
+                        if now >= deadline:
+                            holds.append(member)
+                        else:
+                            wake = min(wake, deadline)
+            if not (refresh or expired or holds):
+                self._cond.wait(timeout=max(wake - now, 0.001))
+                return True
+        for session in expired:
+            self._guarded(self.declare_lost, session, session.why_expired())
+        for session in refresh:
+            self._guarded(self._refresh, session)
+        for member in holds:
+            self._guarded(member.hold_expired)
+        return True
 
     def _refresh(self, session: Session) -> None:
         sent = _clock.now()
@@ -244,11 +297,14 @@ class Keeper:
             remaining = self._backend.keep_alive(session.lease.id, max(session.deadline - sent, 0.05))
         except LeaseGone:
             remaining = 0.0
-        except DistlockError as e:
+        except Exception as e:
             # Retry soon; the deadline decides when this becomes "lost".
-            session.last_error = str(e)
-            session.next_refresh = _clock.now() + min(0.25, session.ttl / 10)
-            log.info("distlock keep-alive of lease %x failed: %s", session.lease.id, e)
+            session.last_error = str(e) or type(e).__name__
+            session.next_refresh = _clock.now() + min(0.25, session.refresh_interval / 3)
+            if isinstance(e, DistlockError):
+                log.info("distlock keep-alive of lease %x failed: %s", session.lease.id, e)
+            else:
+                log.exception("distlock keep-alive of lease %x raised unexpectedly", session.lease.id)
             return
         if remaining <= 0:
             self.declare_lost(session, f"lease {session.lease.id:x} expired on the server")
@@ -256,7 +312,46 @@ class Keeper:
         session.last_error = None
         session.sent_at = sent
         session.deadline = sent + remaining - _margin(session.lease.ttl)
-        session.next_refresh = sent + session.ttl / REFRESHES_PER_TTL
+        session.next_refresh = sent + session.refresh_interval
+
+    @staticmethod
+    def _guarded(call: Callable[..., object], *args: object) -> None:
+        """``call(*args)``, logging an exception instead of letting it end a background thread's loop."""
+        try:
+            call(*args)
+        except Exception:
+            log.exception("distlock: %s raised in a background thread (carrying on)", getattr(call, "__name__", call))
+
+    # -- the cleaner thread -----------------------------------------------------------------------------------
+
+    def _start_cleaner(self) -> None:
+        # Called with the mutex held. The cleaner clears _cleaner itself (under the mutex) when it ends, so a job
+        # queued as it ends starts a new one instead of being left behind.
+        if self._cleaner is None:
+            self._cleaner = threading.Thread(target=self._clean, name="distlock-cleaner", daemon=True)
+            self._cleaner.start()
+
+    def _clean(self) -> None:
+        retry_at = -math.inf
+        while True:
+            with self._work:
+                while not self._jobs and not (self._orphans and _clock.now() >= retry_at):
+                    if self._closed and not self._jobs:
+                        self._cleaner = None
+                        return
+                    pause = retry_at - _clock.now() if self._orphans else _MAX_SLEEP
+                    self._work.wait(timeout=min(max(pause, 0.001), _MAX_SLEEP))
+                jobs, self._jobs = self._jobs, []
+                due = _clock.now() >= retry_at
+                orphans, self._orphans = (self._orphans, []) if due else ([], self._orphans)
+            for job in jobs:
+                self._guarded(job)
+            failed = [(t, s) for t, s in orphans if not self._delete_orphan(t, s)]
+            if failed:
+                with self._work:
+                    if not self._closed:
+                        self._orphans.extend(failed)
+                        retry_at = _clock.now() + ORPHAN_RETRY
 
     def _revoke(self, session: Session) -> None:
         try:
@@ -269,6 +364,7 @@ class Keeper:
             return True  # the lease was revoked, or expired: the key went with it
         try:
             self._backend.dequeue(ticket)
-        except DistlockError:
+        except Exception as e:
+            log.info("distlock could not delete %r's waiter yet: %s", ticket.name, e)
             return False
         return True

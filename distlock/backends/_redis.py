@@ -19,7 +19,10 @@ for what remains: a server clock that steps back).
 
 Liveness is the lease key, one per client and TTL: a queue entry whose lease key is gone is dead, and a dead
 lease never comes back (keys are made with ``SET NX`` from 63 random bits, and refreshed with ``PEXPIRE``, which
-does not create). Redis cannot delete the entries of an expired key itself, so
+does not create). A lease is granted in whole milliseconds, the TTL asked rounded up, and each refresh renews what
+was granted; the session keeper never asks for less than a second (below that a refresh has no time to be late).
+
+Redis cannot delete the entries of an expired key itself, so
 
 - a waiter waits for the one just ahead with ``BLPOP`` on its own wake list, for at most the ahead's lease's
   ``PTTL``; when that runs out it finds the lease gone and removes the dead entry (the removal script, without a
@@ -422,6 +425,7 @@ class RedisBackend:
         # What the connections are made with (see _client): it bounds connecting and its handshake too.
         self._socket_timeout = min(connect_timeout, request_timeout)
         self._mutex = threading.Lock()
+        # The TTL granted to each of our leases (whole milliseconds, in seconds): refreshes renew it as granted.
         self._lease_ttls: dict[int, float] = {}
         # Entries this process has in queues, by lease: revoking a lease removes them (Redis cannot do it).
         self._tickets: dict[int, dict[bytes, Ticket]] = {}
@@ -531,17 +535,18 @@ class RedisBackend:
             )
             # A retried SET NX finds the key its first attempt made: ours too.
             if answer is not None or attempts > 1:
+                granted = ttl_ms / 1000
                 with self._mutex:
-                    self._lease_ttls[lease_id] = ttl
-                return Lease(id=lease_id, ttl=ttl_ms / 1000)
+                    self._lease_ttls[lease_id] = granted
+                return Lease(id=lease_id, ttl=granted)
         raise BackendError(f"grant lease: {self.description} already had three random lease ids (are they random?)")
 
     def keep_alive(self, lease_id: int, timeout: float) -> float:
-        ttl = self._lease_ttls.get(lease_id)
-        if ttl is None:
+        granted = self._lease_ttls.get(lease_id)
+        if granted is None:
             return 0.0  # granted before a fork, by the parent: not ours to refresh
         key = self._lease_key(lease_id)
-        ttl_ms = max(math.ceil(ttl * 1000), 1)
+        ttl_ms = round(granted * 1000)
         answer, _ = self._request(
             "lease keep-alive", key, "PEXPIRE", key, ttl_ms, budget=min(timeout, self.request_timeout)
         )
