@@ -16,7 +16,9 @@ Keyword options of :func:`connect` override the URL: ``prefix``, ``username``, `
 
 What can go wrong: a malformed URL, an unknown scheme or option, or a missing extra raise ``ConfigurationError``
 before any network traffic; an unreachable service raises ``BackendUnavailable`` within ``connect_timeout``; bad
-credentials raise ``AuthenticationFailed``. A client used after ``fork()`` opens its own connection and leases in
+credentials raise ``AuthenticationFailed``. Every call on a closed client raises ``ClientClosed``, and so does a call
+that was under way in another thread when the client closed, whatever the backend raised in that race (a cancelled
+gRPC stream, a closed socket). A client used after ``fork()`` opens its own connection and leases in
 the child and leaves the parent's alone. ``close()`` (also at interpreter exit) revokes the client's leases, which
 releases every lock it still holds.
 """
@@ -27,7 +29,7 @@ import atexit
 import contextlib
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Self, Unpack
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -81,14 +83,16 @@ class Client:
         self._check_open()
         from ._names import validate_name
 
-        return self._backend.holder(validate_name(name))
+        with self._while_open(f"read lock {name!r}"):
+            return self._backend.holder(validate_name(name))
 
     def inspect(self) -> list[LockState]:
         """Every lock with a holder or waiters under this client's prefix, in name order (for inspectors)."""
         self._check_open()
         if not isinstance(self._backend, Inspectable):
             raise ConfigurationError(f"{self.description} cannot list its locks (no inspect() in this backend)")
-        return self._backend.inspect()
+        with self._while_open("inspect locks"):
+            return self._backend.inspect()
 
     def close(self) -> None:
         """Revoke this client's leases (releasing every lock it holds) and close its connection."""
@@ -107,6 +111,22 @@ class Client:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed(f"this distlock client ({self.description}) is closed")
+
+    @contextlib.contextmanager
+    def _while_open(self, what: str) -> Iterator[None]:
+        """Run the block; an error it raises once the client is closed is a symptom of the close: ``ClientClosed``.
+
+        ``close()`` sets the flag before it revokes anything or closes a connection, so an error caused by the
+        close always finds it set.
+        """
+        try:
+            yield
+        except ClientClosed:
+            raise
+        except Exception as e:
+            if not self._closed:
+                raise
+            raise ClientClosed(f"{what}: this distlock client ({self.description}) was closed meanwhile") from e
 
     def _after_fork(self) -> None:
         self._backend.after_fork()

@@ -14,8 +14,13 @@ Races handled here, in prose:
   become the head, the delete simply hands the lock on. Nobody is left waiting on a dead key.
 - *Released after the lease expired.* Release deletes only a key whose create revision is still our token
   (etcd#22082), so a late release can never delete a newer holder's key; it raises ``LockLost`` instead.
-- *Forked while holding.* A handle acquired in a parent refuses to release in a forked child: the child does not own
-  the parent's lock.
+- *Forked while holding.* In a forked child, a handle the parent holds is not held: ``owned()`` is False, ``lost`` is
+  True (nothing done in the child is protected by the parent's lock), ``token``, ``fence``, ``ensure_held()`` and
+  ``release()`` raise ``LockNotOwned``, and ``current_lock()``/``current_token()`` skip it. Otherwise the child
+  could write with the parent's token: two writers under one token. Leaving the parent's ``with`` block in the
+  child does nothing; the parent's hold is the parent's to end.
+- *Closed while waiting.* ``close()`` from another thread wakes a waiter, and whatever the backend raised in that
+  race (a cancelled stream, a closed socket), the waiter raises ``ClientClosed``.
 
 Each handle is for one holder at a time: locks are not re-entrant, and two threads that must exclude each other use
 two handles (``client.lock(name)`` is cheap). ``current_lock()``/``current_token()`` find the innermost lock held in
@@ -40,7 +45,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self, TypedDict, Unpack
 
 from . import _clock
-from ._errors import BackendError, ConfigurationError, LockError, LockLost, LockNotAcquired, LockNotOwned
+from ._errors import (
+    BackendError,
+    ClientClosed,
+    ConfigurationError,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+)
 from ._names import validate_name
 from ._protocol import Interrupt, LeaseGone, Ticket, owner_record
 from ._seconds import seconds
@@ -61,9 +74,10 @@ _LEASE_LOST = "lease lost"
 def current_lock(name: str | None = None) -> Lock | None:
     """The innermost lock held in this context (of ``name``, when given), or None."""
     for lock in reversed(_held.get()):
-        # A handle released elsewhere (another thread or task) is skipped; a lost one is still returned: its
-        # token is what makes the database refuse the writes it should no longer make.
-        if lock._ticket is not None and (name is None or lock.name == name):
+        # A handle released elsewhere (another thread or task), or held by the parent of this forked process, is
+        # skipped; a lost one is still returned: its token makes the database refuse the writes it should no
+        # longer make.
+        if lock._own_ticket() is not None and (name is None or lock.name == name):
             return lock
     return None
 
@@ -146,6 +160,8 @@ class Lock:
         self._wake: Interrupt | None = None
 
     def __repr__(self) -> str:
+        if self._ticket is not None and self._own_ticket() is None:
+            return f"<distlock.Lock {self.name!r} ttl={self.ttl:g} not held (held by parent process {self._pid})>"
         state = "lost" if self._ticket is not None and self.lost else "held" if self._ticket else "not held"
         token = f" token={self._ticket.revision}" if self._ticket is not None else ""
         return f"<distlock.Lock {self.name!r} ttl={self.ttl:g} {state}{token}>"
@@ -156,7 +172,8 @@ class Lock:
         """Wait for the lock; True when acquired, False when ``timeout`` ran out (or at once if not ``blocking``).
 
         ``timeout=None`` uses the handle's ``timeout``. Raises ``BackendUnavailable`` when the lock service cannot
-        be reached within its request timeout, never hangs past ``timeout`` plus that.
+        be reached within its request timeout, never hangs past ``timeout`` plus that; ``ClientClosed`` when the
+        client is closed, before or during the wait.
         """
         acquired = self._acquire(blocking, timeout, Interrupt())
         if acquired:
@@ -169,7 +186,7 @@ class Lock:
         wait = (timeout if timeout is not None else self.timeout) if blocking else 0.0
         deadline = _clock.now() + wait
         with self._mutex:
-            if self._ticket is not None or self._busy:
+            if self._own_ticket() is not None or self._busy:
                 raise LockError(
                     f"lock {self.name!r}: this handle already holds or is acquiring it. Locks are not re-entrant; "
                     "use one client.lock(...) handle per holder",
@@ -177,7 +194,8 @@ class Lock:
                 )
             self._busy = True
         try:
-            return self._queue_until_head(deadline, cancel)
+            with self._client._while_open(f"acquire lock {self.name!r}"):
+                return self._queue_until_head(deadline, cancel)
         finally:
             with self._mutex:
                 self._busy = False
@@ -267,12 +285,23 @@ class Lock:
 
     # -- holding ----------------------------------------------------------------------------------------------
 
+    def _own_ticket(self) -> Ticket | None:
+        """The held ticket, unless there is none or it was taken by the parent of this forked process."""
+        ticket = self._ticket
+        return ticket if ticket is not None and self._pid == os.getpid() else None
+
+    def _not_owned(self, what: str) -> LockNotOwned:
+        if self._ticket is not None and self._own_ticket() is None:
+            what = f"was acquired by process {self._pid}; this forked child does not own it"
+        return LockNotOwned(f"lock {self.name!r} {what}", name=self.name)
+
     @property
     def token(self) -> int:
-        """The fencing token of this hold: strictly larger than every earlier holder's. Raises if not held."""
-        ticket = self._ticket
+        """The fencing token of this hold: strictly larger than every earlier holder's. Raises ``LockNotOwned``
+        if not held (in a forked child too: the parent's token is not the child's)."""
+        ticket = self._own_ticket()
         if ticket is None:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this handle: it has no token", name=self.name)
+            raise self._not_owned("is not held by this handle: it has no token")
         return ticket.revision
 
     @property
@@ -282,26 +311,35 @@ class Lock:
 
     @property
     def lost(self) -> bool:
-        """True once this hold is known lost (lease expired or revoked, or ``max_hold`` passed)."""
+        """True once this hold is known lost (lease expired or revoked, or ``max_hold`` passed); in a forked child,
+        True for a hold of the parent's (the child is not protected by it)."""
+        if self._ticket is not None and self._own_ticket() is None:
+            return True
         return self._lost_reason is not None or self._check_deadlines() is not None
 
     @property
     def lost_event(self) -> threading.Event:
-        """An event set when the lock becomes lost, for threads that want to wait on it."""
+        """An event set when the lock becomes lost, for threads that want to wait on it (set in a forked child
+        for a hold of the parent's)."""
+        if self._ticket is not None and self._own_ticket() is None and not self._lost_event.is_set():
+            self._lost_event = threading.Event()  # a fresh one: the parent's may be mid-use by a parent thread
+            self._lost_event.set()
         return self._lost_event
 
     @property
     def held_for(self) -> float:
         """Seconds since acquisition (0 when not held)."""
-        return _clock.now() - self._acquired_at if self._ticket is not None else 0.0
+        return _clock.now() - self._acquired_at if self._own_ticket() is not None else 0.0
 
     def owned(self) -> bool:
-        """True while this handle holds the lock and it is not known lost."""
-        return self._ticket is not None and not self.lost
+        """True while this handle holds the lock and it is not known lost (never in a forked child for a hold of
+        the parent's)."""
+        return self._own_ticket() is not None and not self.lost
 
     def locked(self) -> bool:
         """True when anyone holds the lock (asks the server; like ``threading.Lock.locked``)."""
-        return self._client._backend.holder(self.name) is not None
+        with self._client._while_open(f"read lock {self.name!r}"):
+            return self._client._backend.holder(self.name) is not None
 
     def ensure_held(self, verify: bool = False) -> None:
         """Raise ``LockLost`` if the lock is known lost, ``LockNotOwned`` if not held.
@@ -309,12 +347,13 @@ class Lock:
         Without ``verify`` this is a local check of the lease deadline, free to call in a loop; with ``verify``
         it also asks the server that our key still heads the queue. Neither makes a write safe: fenced writes do.
         """
-        ticket = self._ticket
+        ticket = self._own_ticket()
         if ticket is None:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this handle", name=self.name)
+            raise self._not_owned("is not held by this handle")
         reason = self._lost_reason or self._check_deadlines()
         if reason is None and verify:
-            position = self._client._backend.position(ticket)
+            with self._client._while_open(f"check lock {self.name!r}"):
+                position = self._client._backend.position(ticket)
             if not position.held:
                 reason = "its key is no longer at the head of the queue" if not position.gone else "its key is gone"
                 self._mark_lost(reason)
@@ -324,7 +363,7 @@ class Lock:
     def _check_deadlines(self) -> str | None:
         """Mark the lock lost if its lease deadline or hold deadline passed (the keeper may not have run yet)."""
         session = self._session
-        if self._ticket is None or session is None:
+        if self._own_ticket() is None or session is None:
             return None
         now = _clock.now()
         if session.expired(now):
@@ -380,16 +419,12 @@ class Lock:
 
     def release(self) -> None:
         """Release the lock. Raises ``LockLost`` if it was lost while held (after making sure no newer holder's
-        key is touched), ``LockNotOwned`` if this handle does not hold it."""
+        key is touched), ``LockNotOwned`` if this handle does not hold it (in a forked child: the parent holds it),
+        ``ClientClosed`` if the client was closed (which released it)."""
         with self._mutex:
-            ticket, session = self._ticket, self._session
+            ticket, session = self._own_ticket(), self._session
             if ticket is None or session is None:
-                raise LockNotOwned(f"lock {self.name!r} is not held by this handle", name=self.name)
-            if self._pid != os.getpid():
-                raise LockNotOwned(
-                    f"lock {self.name!r} was acquired by process {self._pid}; this forked child does not own it",
-                    name=self.name,
-                )
+                raise self._not_owned("is not held by this handle")
             self._ticket = None
             self._session = None
             self._hold_deadline = None
@@ -398,9 +433,12 @@ class Lock:
         self._client._keeper.detach(session, self)
         if reason is None and session.expired():
             reason = session.why_expired()
+        if self._client.closed:
+            raise ClientClosed(f"lock {self.name!r}: the distlock client was closed (which released the lock)")
         removed = True
         try:
-            removed = self._client._backend.dequeue(ticket)
+            with self._client._while_open(f"release lock {self.name!r}"):
+                removed = self._client._backend.dequeue(ticket)
         except BackendError as e:
             log.warning("distlock: release of %r not confirmed (%s); retrying in the background", self.name, e)
             self._client._keeper.orphan(ticket, session)
@@ -424,8 +462,8 @@ class Lock:
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self._ticket is None:
-            return
+        if self._own_ticket() is None:
+            return  # released in the body, or a forked child leaving its parent's block: nothing of ours to end
         try:
             self.release()
         except LockLost:
@@ -539,7 +577,7 @@ class AsyncLock:
     async def __aexit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self._lock._ticket is None:
+        if self._lock._own_ticket() is None:
             return
         try:
             await self.release()
