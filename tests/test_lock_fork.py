@@ -63,6 +63,7 @@ def test_a_lock_the_parent_holds_is_not_owned_in_a_forked_child(client: distlock
                 "current_lock": distlock.current_lock() is not None,
                 "current_token": distlock.current_token(),
                 "current_token_by_name": distlock.current_token(lock_name),
+                "current_fence": distlock.current_fence() is not None,
                 "held_for": lock.held_for,
                 # The child's own attempt on the same handle and on a new one: the parent still holds the lock.
                 "acquire_inherited_handle": _outcome(lambda: lock.acquire(blocking=False)),
@@ -82,6 +83,7 @@ def test_a_lock_the_parent_holds_is_not_owned_in_a_forked_child(client: distlock
             "current_lock": False,
             "current_token": None,
             "current_token_by_name": None,
+            "current_fence": False,
             "held_for": 0.0,
             "acquire_inherited_handle": "returned False",
             "acquire_new_handle": "returned False",
