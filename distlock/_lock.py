@@ -466,7 +466,7 @@ class Lock:
             return  # released in the body, or a forked child leaving its parent's block: nothing of ours to end
         try:
             self.release()
-        except LockLost:
+        except (LockLost, ClientClosed):
             if kind is None:
                 raise
             # The body's own exception matters more; the loss is logged by _mark_lost.
@@ -581,6 +581,6 @@ class AsyncLock:
             return
         try:
             await self.release()
-        except LockLost:
+        except (LockLost, ClientClosed):
             if kind is None:
                 raise

@@ -165,7 +165,7 @@ def test_closing_the_client_interrupts_a_waiter_and_removes_its_key(backend_url:
         client.close()
         thread.join(10)
         assert not thread.is_alive()
-        assert len(result) == 1 and isinstance(result[0], distlock.DistlockError), result
+        assert len(result) == 1 and isinstance(result[0], distlock.ClientClosed), result
         assert waiters(observer, lock_name) == 0
         holder.release()
 
