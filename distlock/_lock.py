@@ -6,26 +6,34 @@ is alive"; the ticket's revision is the fencing token.
 
 Races handled here, in prose:
 
-- *Lease lost while waiting.* If the session lease expires while a waiter sleeps (the process was paused, etcd was
-  unreachable), its key is deleted by the server and the waiters behind it move up; the keeper wakes the waiter, and
-  after every wake-up the waiter re-reads its own key before anything else, so it can never take a turn it no longer
-  has (etcd#11456). It then queues again, at the back, on a new lease, within its timeout.
-- *Became head as the timeout struck.* A waiter that gives up deletes its key revision-checked; if it had just
-  become the head, the delete simply hands the lock on. Nobody is left waiting on a dead key.
-- *Released after the lease expired.* Release deletes only a key whose create revision is still our token
-  (etcd#22082), so a late release can never delete a newer holder's key; it raises ``LockLost`` instead.
+- *Lease lost while waiting.* If the session lease expires while a waiter sleeps (the process was paused, the lock
+  service was unreachable), its ticket goes (etcd deletes the key with its lease; on Redis the next waiter removes an
+  entry whose lease key is gone) and the waiters behind it move up; the keeper wakes the waiter, and after every wake-up
+  the waiter re-reads its own key before anything else, so it can never take a turn it no longer has (etcd#11456). It
+  then queues again, at the back, on a new lease, within its timeout.
+- *Became head as the timeout struck.* A waiter that gives up removes its ticket only if it is still the same ticket
+  (``Backend.dequeue``); if it had just become the head, the removal simply hands the lock on. Nobody is left waiting on
+  a dead key.
+- *Released after the lease expired.* Release removes the ticket only if it is still ours (on etcd: its create revision
+  is still our token, etcd#22082), so a late release can never delete a newer holder's; it raises ``LockLost`` instead.
 - *Forked while holding.* In a forked child, a handle the parent holds is not held: ``owned()`` is False, ``lost`` is
   True (nothing done in the child is protected by the parent's lock), ``token``, ``fence``, ``ensure_held()`` and
-  ``release()`` raise ``LockNotOwned``, and ``current_lock()``/``current_token()`` skip it. Otherwise the child
-  could write with the parent's token: two writers under one token. Leaving the parent's ``with`` block in the
-  child does nothing; the parent's hold is the parent's to end.
-- *Closed while waiting.* ``close()`` from another thread wakes a waiter, and whatever the backend raised in that
-  race (a cancelled stream, a closed socket), the waiter raises ``ClientClosed``.
+  ``release()`` raise ``LockNotOwned``, and ``current_lock()``/``current_token()`` skip it. Otherwise the child could
+  write with the parent's token: two writers under one token. Leaving the parent's ``with`` block in the child does
+  nothing; the parent's hold is the parent's to end.
+- *Closed while waiting.* ``close()`` from another thread wakes a waiter, and whatever the backend raised in that race
+  (a cancelled stream, a closed socket), the waiter raises ``ClientClosed``.
 
 Each handle is for one holder at a time: locks are not re-entrant, and two threads that must exclude each other use
 two handles (``client.lock(name)`` is cheap). ``current_lock()``/``current_token()`` find the innermost lock held in
 the current context (thread or asyncio task), which fenced writes use; ``lock.fence`` is the held token with its
 lock's name (a :class:`Fence`), which ``_fence.py`` checks against the row being written.
+
+What can go wrong: ``acquire()`` raises ``BackendUnavailable`` when the service does not answer within the client's
+``request_timeout`` (a give-up or release whose removal failed is handed to the keeper to retry, with a warning),
+``ClientClosed`` when the client is closed; ``release()`` raises ``LockLost`` or ``LockNotOwned``; acquiring a
+handle that holds or is acquiring raises ``LockError``; an unknown option is a ``TypeError`` and a bad owner or
+duration a ``ConfigurationError``, when the handle is made.
 """
 
 from __future__ import annotations

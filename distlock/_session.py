@@ -1,19 +1,19 @@
 """Sessions: one lease per client and TTL, kept alive by one background thread, and the deadline that says "lost".
 
-Every lock a client takes with the same TTL hangs on one lease, so holding 10,000 locks costs one refresh every TTL/3,
-not 10,000. A lease is never shorter than :data:`MIN_TTL` (one second), and the server may grant more than was
-asked: etcd counts whole seconds (it rounds up, and has a minimum of its own of a second or more), Redis
-milliseconds. Everything here is scheduled from the TTL the server *granted* (``Lease.ttl``), never from the one
-asked for: a ``ttl=0.001`` lock is refreshed three times a second, like any one-second lease.
+Every lock a client takes with the same TTL hangs on one lease, so holding 10,000 locks costs one refresh every TTL/3
+(of the granted TTL), not 10,000. A lease is never shorter than :data:`MIN_TTL` (one second), and the server may grant
+more than was asked: etcd counts whole seconds (it rounds up, and has a minimum of its own of a second or more), Redis
+milliseconds. Everything here is scheduled from the TTL the server *granted* (``Lease.ttl``), never from the one asked
+for: a ``ttl=0.001`` lock is refreshed three times a second, like any one-second lease.
 
 The keeper thread refreshes each lease and keeps a *deadline* per lease on the boot-time clock: the time the last
 successful refresh was **sent** plus the TTL the server granted, less a margin. The server restarted its TTL countdown
-no earlier than that send, so until the deadline the lease cannot have expired. When a refresh answers "lease gone",
-or the deadline passes without a successful refresh (etcd unreachable, or this process was paused — SIGSTOP, a GC
-pause, a suspended laptop), the session is *lost*: every lock held on it is marked lost (flag, event, callback), every
-waiter on it is woken to queue again on a new lease, and the old lease is revoked, best effort, so the server agrees
-with what the locks now say. A lost session is never revived. The keeper also enforces each held lock's maximum hold
-time (the lock is marked lost and its key deleted, revision-checked).
+no earlier than that send, so until the deadline the lease cannot have expired. When a refresh answers "lease gone", or
+the deadline passes without a successful refresh (the lock service unreachable, or this process was paused — SIGSTOP, a
+GC pause, a suspended laptop), the session is *lost*: every lock held on it is marked lost (flag, event, callback),
+every waiter on it is woken to queue again on a new lease, and the old lease is revoked, best effort, so the server
+agrees with what the locks now say. A lost session is never revived. The keeper also enforces each held lock's maximum
+hold time (the lock is marked lost and its key deleted, revision-checked).
 
 Work that talks to the server for something other than a refresh, or runs user code, is done by a second thread, the
 *cleaner*: revoking lost leases, deleting the key of a lock past its maximum hold time, retrying deletions that failed
