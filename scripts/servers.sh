@@ -34,19 +34,23 @@ distlock_have_etcd34() {
   [ -x "$binary" ] && "$binary" --version 2>/dev/null | grep -q '^etcd Version: 3\.4\.'
 }
 
+distlock_system_etcd_running() {
+  pgrep -u etcd -x etcd -r R,S,D,T >/dev/null 2>&1  # not a zombie waiting to be reaped
+}
+
 distlock_stop_system_etcd() {
   # Debian's etcd-server enables and starts etcd.service / /etc/init.d/etcd (as the user etcd, on 2379/2380): the
   # fixtures never use it, and its ports would only get in the way.
   if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
     systemctl disable --now etcd.service >/dev/null 2>&1 || true
   else
-    if pgrep -u etcd -x etcd >/dev/null 2>&1; then
+    if distlock_system_etcd_running; then
       echo "stopping the system etcd the etcd-server package started ..." >&2
       /etc/init.d/etcd stop >/dev/null 2>&1 || true
     fi
     command -v update-rc.d >/dev/null && update-rc.d etcd disable >/dev/null 2>&1 || true
   fi
-  if pgrep -u etcd -x etcd >/dev/null 2>&1; then
+  if distlock_system_etcd_running; then
     echo "warning: a system etcd (user etcd) still runs; the fixtures do not need it: stop it" >&2
   fi
 }
