@@ -2,6 +2,7 @@
 
     python -m distlock.testing etcd               # etcd://127.0.0.1:<port>
     python -m distlock.testing etcd --members 3   # a three-member cluster
+    python -m distlock.testing etcd --etcd-version 3.4   # on Debian's etcd 3.4 (find_etcd(version="3.4"))
     python -m distlock.testing redis              # redis://127.0.0.1:<port>/0
     python -m distlock.testing postgres           # postgresql://distlock@127.0.0.1:<port>/distlock
 
@@ -22,7 +23,7 @@ import threading
 from types import FrameType
 
 from distlock._errors import ConfigurationError
-from distlock.testing import EtcdCluster, EtcdServer, HarnessError, PostgresServer, RedisServer
+from distlock.testing import EtcdCluster, EtcdServer, HarnessError, PostgresServer, RedisServer, find_etcd
 
 __all__: list[str] = []
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("server", nargs="?", choices=["etcd", "redis", "postgres"])
     parser.add_argument("--members", type=int, default=1, help="etcd: cluster members (default 1)")
     parser.add_argument("--tls", action="store_true", help="etcd: serve TLS with client certificates")
+    parser.add_argument("--etcd-version", help="etcd: run a binary of this release line, e.g. 3.4 (default: any)")
     parser.add_argument("--appendonly", action="store_true", help="redis: keep writes across kill and restart")
     parser.add_argument(
         "--create-user", action="store_true", help="postgres as root: create the user to run it as if missing"
@@ -54,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     server: EtcdCluster | EtcdServer | RedisServer | PostgresServer
     try:
         if args.server == "etcd":
-            server = EtcdCluster(args.members, tls=args.tls) if args.members > 1 else EtcdServer(tls=args.tls)
+            binary = find_etcd(version=args.etcd_version)
+            if args.members > 1:
+                server = EtcdCluster(args.members, tls=args.tls, binary=binary)
+            else:
+                server = EtcdServer(tls=args.tls, binary=binary)
         elif args.server == "redis":
             server = RedisServer(appendonly=args.appendonly)
         else:

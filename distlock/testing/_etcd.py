@@ -117,12 +117,13 @@ def find_etcd(version: str | None = None) -> str:
         if not _is_executable(Path(candidate)):
             continue
         try:
-            found[candidate] = _dotted(etcd_version(candidate))
+            release = etcd_version(candidate)
         except ConfigurationError as exc:
             found[candidate] = str(exc)
             continue
-        if etcd_version(candidate)[:2] == wanted:
+        if release[:2] == wanted:
             return candidate
+        found[candidate] = _dotted(release)
     seen = "; ".join(f"{path}: {what}" for path, what in found.items()) or "no etcd binary at all"
     raise ConfigurationError(
         f"no etcd {version} binary found ({seen}). Set ${env_var} to the path of an etcd {version}.x binary "
@@ -141,7 +142,7 @@ def etcd_version(binary: str) -> tuple[int, int, int]:
     """The release of the etcd binary at this path, from ``etcd --version``: e.g. ``(3, 4, 23)``.
 
     Raises `ConfigurationError` when it does not run, does not say, or is older than 3.4 (the harness's flags
-    and distlock's API need 3.4).
+    and distlock's API need 3.4). Asked once per path and process: a binary replaced meanwhile is not noticed.
     """
     try:
         result = subprocess.run(
