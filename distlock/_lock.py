@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Self, TypedDict, Unpack
 from . import _clock
 from ._errors import (
     BackendError,
+    BackendUnavailable,
     ClientClosed,
     ConfigurationError,
     LockError,
@@ -246,14 +247,22 @@ class Lock:
                         self._give_up(ticket, session)
                         ticket = None
                         return False
-                    backend.wait(ticket, position, None if remaining == math.inf else remaining, wake)
-                    if (wake.fired and wake.reason != _LEASE_LOST) or _clock.now() >= deadline:
-                        # Out of time (or cancelled): give up without asking the server anything more, so an
-                        # unreachable server makes acquire() return False on time rather than raise late.
-                        self._give_up(ticket, session)
-                        ticket = None
-                        return False
-                    position = backend.position(ticket)
+                    try:
+                        backend.wait(ticket, position, None if remaining == math.inf else remaining, wake)
+                        timed_out = _clock.now() >= deadline
+                        if not timed_out and not (wake.fired and wake.reason != _LEASE_LOST):
+                            position = backend.position(ticket)
+                            continue
+                    except BackendUnavailable:
+                        # A read inside the wait may take the whole request_timeout when the server does not answer:
+                        # if our own timeout struck meanwhile, that is the answer, not the outage.
+                        if _clock.now() < deadline:
+                            raise
+                    # Out of time (or cancelled): give up without asking the server anything more, so an unreachable
+                    # server makes acquire() return False on time rather than raise late.
+                    self._give_up(ticket, session)
+                    ticket = None
+                    return False
             finally:
                 unlink()
                 with self._mutex:
