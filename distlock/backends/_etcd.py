@@ -76,6 +76,8 @@ class _Member:
         self.kv: Any = etcdrpc.KVStub(channel)
         self.lease: Any = etcdrpc.LeaseStub(channel)
         self.watch: Any = etcdrpc.WatchStub(channel)
+        #: When a request to this member last failed over (-inf: never).
+        self.failed_at = -math.inf
 
 
 class _AttemptTimedOut(Exception):
@@ -304,10 +306,23 @@ class EtcdBackend:
             return self._members[self._preferred % len(self._members)]
 
     def _fail_over(self, member: _Member) -> None:
-        """``member`` did not answer: prefer the next one, unless another request has moved on already."""
+        """``member`` did not answer: prefer another, unless another request has moved on already.
+
+        The next preference is the member whose last failure is the oldest (one that never failed first, in ring
+        order). Plain rotation would come back to a frozen member as soon as a second member timed out during the
+        election the freeze caused, and that attempt, with its doubled budget, would wait on the frozen one again:
+        0.5 + 1 + 2 s without a grant.
+        """
         with self._mutex:
-            if self._members and self._members[self._preferred % len(self._members)] is member:
-                self._preferred = (self._preferred + 1) % len(self._members)
+            if not self._members or self._members[self._preferred % len(self._members)] is not member:
+                return
+            now = _clock.now()
+            member.failed_at = now
+            count = len(self._members)
+            if count == 1:
+                return
+            candidates = [(self._preferred + step) % count for step in range(1, count)]
+            self._preferred = min(candidates, key=lambda i: self._members[i].failed_at)
 
     def _attempt_budget(self) -> Callable[[int], float] | None:
         if len(self._endpoints) == 1:
