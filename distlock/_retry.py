@@ -6,7 +6,9 @@ each backend brings is its :class:`ErrorTable`: which of its client library's ex
 be repaired before trying again (an expired etcd auth token, a Redis Cluster's slot map), and which distlock error
 each exception becomes (``BackendUnavailable``, ``AuthenticationFailed``, ``LeaseGone``, ``BackendError``).
 
-The loop sleeps 20 ms after the first failure, doubling up to half a second, and never sleeps past the deadline:
+The loop sleeps 20 ms after the first failure, doubling up to half a second (or the backend's ``max_backoff``: a
+backend with other members to turn to keeps its pauses short, so a retry follows an election closely), and never
+sleeps past the deadline:
 when the next pause would end after it, the last error is translated and raised (a retryable error becomes
 ``BackendUnavailable``), with the client library's exception as ``__cause__``. An exception the table does not
 know (a distlock error raised inside the attempt, a programming error) passes through unchanged.
@@ -74,6 +76,7 @@ def retrying(
     deadline: float,
     errors: ErrorTable,
     attempt_budget: Callable[[int], float] | None = None,
+    max_backoff: float = _MAX_BACKOFF,
 ) -> tuple[_R, int]:
     """Run ``attempt`` until it answers or ``deadline`` passes; return its answer and the number of attempts made.
 
@@ -98,7 +101,7 @@ def retrying(
                 continue
             if errors.retryable(error) and _clock.now() + delay < deadline:
                 time.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
+                delay = min(delay * 2, max_backoff)
                 continue
             translated = errors.translate(error, what)
             if translated is None:

@@ -14,9 +14,10 @@ place again before it blocks, so no deletion between the read and the watch goes
 
 What can go wrong: any member may be unreachable, frozen, cut off from its quorum, restarting, or between leaders.
 Every request goes to one preferred member; an UNAVAILABLE answer or (with several members) an attempt that takes
-longer than half a second moves the preference to the next member and retries there, with backoff, until the
-request timeout; then ``BackendUnavailable`` names the endpoints. Why a retry is safe even when the first attempt
-may have landed is explained at ``EtcdBackend._retrying``; a retried delete whose first attempt may have landed is
+longer than half a second moves the preference to another member and retries there (half a second on each member,
+then twice as long per round, with pauses of at most 0.1 s), until the request timeout; then
+``BackendUnavailable`` names the endpoints. Why a retry is safe even when the first attempt may have landed is
+explained at ``EtcdBackend._retrying``; a retried delete whose first attempt may have landed is
 reported as done, not as "already gone". Watches require a leader and are probed for silence (see ``wait``), so a
 waiter is never left on a member that cannot report the release. Keep-alives fail over like any request; the
 session's lost-lock deadline still counts from the last keep-alive that succeeded, so failing over never makes a
@@ -57,10 +58,14 @@ __all__ = ["EtcdBackend", "TLSConfig"]
 _R = TypeVar("_R")
 
 _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-#: With several members: the first attempt of a request may take this long before the next member is tried (each
-#: retry may take twice as long as the one before). etcd answers in milliseconds; a member that needs this long is
-#: frozen, cut off, or waiting for an election, and another member may answer sooner.
+#: With several members: an attempt of a request may take this long before the next member is tried, once on each
+#: member; each further round over the members may take twice as long as the one before (so a cluster that is only
+#: slow still answers). etcd answers in milliseconds; a member that needs this long is frozen, cut off, or waiting
+#: for an election, and another member may answer sooner.
 _FIRST_ATTEMPT = 0.5
+#: With several members: the longest pause between two attempts. An election answers "no leader" quickly and ends
+#: in about an election timeout; a long pause would only delay the first attempt after it.
+_MAX_BACKOFF = 0.1
 #: The watchdog asks each watched member for a progress report this often, and cancels a watch whose member has
 #: said nothing for ``_WATCH_SILENCE`` s.
 _PROBE_EVERY = 0.2
@@ -325,9 +330,13 @@ class EtcdBackend:
             self._preferred = min(candidates, key=lambda i: self._members[i].failed_at)
 
     def _attempt_budget(self) -> Callable[[int], float] | None:
-        if len(self._endpoints) == 1:
+        count = len(self._endpoints)
+        if count == 1:
             return None
-        return lambda number: _FIRST_ATTEMPT * 2 ** (number - 1)
+        # Attempts 1..count: one short try on each member; the next round doubles. Doubling at every attempt instead
+        # gave the second member twice the first's time although it is as likely to be the one cut off: after a
+        # leader kill, a follower still forwarding to the dead leader held a request for a whole second.
+        return lambda number: _FIRST_ATTEMPT * 2 ** ((number - 1) // count)
 
     def _metadata(self, *, require_leader: bool = False) -> tuple[tuple[str, str], ...] | None:
         token = self._auth_token
@@ -394,7 +403,10 @@ class EtcdBackend:
                     self._fail_over(member)
                 raise
 
-        return retrying(what, attempt, deadline, self._errors, self._attempt_budget())
+        budget = self._attempt_budget()
+        if budget is None:
+            return retrying(what, attempt, deadline, self._errors)
+        return retrying(what, attempt, deadline, self._errors, budget, max_backoff=_MAX_BACKOFF)
 
     def _recover(self, error: Exception, deadline: float) -> bool:
         """An expired auth token: authenticate again and retry at once."""
