@@ -13,7 +13,8 @@ it a *fencing token* — strictly increasing from holder to holder — so the da
 This package is the core: the client, the lock, the session keeper, fences, lock names and templates, above the
 backends of ``distlock.backends`` (docs/architecture.md draws the layers). What can go wrong is always one of the
 errors exported here, all under ``DistlockError`` (the tree is drawn in ``_errors.py``); importing distlock
-imports neither grpc nor redis-py, only ``connect()`` with a URL of that backend does.
+imports neither grpc nor redis-py (only ``connect()`` with a URL of that backend does) nor OpenTelemetry (the first
+lock does, to record its metrics: docs/operations/metrics.md).
 """
 
 import logging
@@ -36,7 +37,7 @@ from ._errors import (
     StaleFenceToken,
     UnfencedWrite,
 )
-from ._fence import Fence, current_fence, fence_for, fence_for_write, stale_token_message
+from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refused, stale_token_message
 from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
 from ._protocol import Holder, LockState, Waiter
 from ._seconds import seconds
@@ -79,6 +80,7 @@ __all__ = [
     "current_token",
     "fence_for",
     "fence_for_write",
+    "fence_refused",
     "seconds",
     "stale_token_message",
 ]

@@ -6,7 +6,9 @@ revision counter for the cluster; Redis: counters floored at the server's clock)
 lock would pass the ``fence_token <= :token`` check and defeat the fence. :func:`fence_for`
 finds the right fence in the current context (or checks one passed explicitly) and refuses any other.
 :func:`fence_for_write` is the whole policy Django's ``FencedModel`` and ``distlock_sqla`` apply to a row's write,
-and :func:`stale_token_message` the one explanation they give when the database refuses it. (The
+and :func:`stale_token_message` the one explanation they give when the database refuses it, which they get from
+:func:`fence_refused`: the one call every refusal passes through, which also counts it (the ``distlock.fence.refused``
+metric). (The
 :class:`Fence` value itself is defined next to the lock that hands it out, in ``_lock.py``.)
 
 What can go wrong: a fence of another lock is passed (``LockNotOwned``); no lock of that name is held here
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from . import _metrics
 from ._errors import LockNotOwned, UnfencedWrite
 from ._lock import Fence, Lock, current_lock
 
-__all__ = ["Fence", "current_fence", "fence_for", "fence_for_write", "stale_token_message"]
+__all__ = ["Fence", "current_fence", "fence_for", "fence_for_write", "fence_refused", "stale_token_message"]
 
 
 def current_fence(name: str | None = None) -> Fence | None:
@@ -107,3 +110,22 @@ def stale_token_message(
     else:
         why = f"the row's token is {current}"
     return f"{what} {with_token} refused: {why}"
+
+
+def fence_refused(
+    what: str,
+    token: int | None,
+    current: int | None,
+    *,
+    read: int | None = None,
+    lock: str | None = None,
+    family: str | None = None,
+) -> str:
+    """Count a write the database refused and return why (:func:`stale_token_message` of the same arguments).
+
+    For integrations, once per refused write, where they raise ``StaleFenceToken``: it adds one to the
+    ``distlock.fence.refused`` metric, with ``family`` (the template of the row's lock, e.g. ``"account:{pk}"``;
+    never the lock name) as its ``distlock.lock.family`` attribute.
+    """
+    _metrics.fence_refused(family)
+    return stale_token_message(what, token, current, read=read, lock=lock)

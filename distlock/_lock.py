@@ -32,8 +32,10 @@ lock's name (a :class:`Fence`), which ``_fence.py`` checks against the row being
 What can go wrong: ``acquire()`` raises ``BackendUnavailable`` when the service does not answer within the client's
 ``request_timeout`` (a give-up or release whose removal failed is handed to the keeper to retry, with a warning),
 ``ClientClosed`` when the client is closed; ``release()`` raises ``LockLost`` or ``LockNotOwned``; acquiring a
-handle that holds or is acquiring raises ``LockError``; an unknown option is a ``TypeError`` and a bad owner or
-duration a ``ConfigurationError``, when the handle is made.
+handle that holds or is acquiring raises ``LockError``; an unknown option is a ``TypeError`` and a bad owner,
+family or duration a ``ConfigurationError``, when the handle is made. Every acquire, hold and loss is measured here,
+once for every backend (``_metrics``; nothing is recorded without OpenTelemetry, and a failing metric never fails
+a lock).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, TypedDict, Unpack
 
-from . import _clock
+from . import _clock, _metrics
 from ._errors import (
     BackendError,
     BackendUnavailable,
@@ -117,7 +119,9 @@ class LockOptions(TypedDict, total=False):
     ``max_hold`` (default None, no bound): the most the lock may be held at all. ``on_lost(lock)`` (default None):
     called on the client's clean-up thread when the lock becomes lost (it may be slow: lease refreshes do not
     wait for it). ``owner`` (default: a random id per acquisition):
-    the id ``client.holder(name).owner`` reports while this handle holds the lock.
+    the id ``client.holder(name).owner`` reports while this handle holds the lock. ``family`` (default None): what
+    the lock's metrics are grouped by (the ``distlock.lock.family`` attribute), a bounded label such as the template
+    the name was rendered from (``"account:{pk}"``), never the name itself; the integrations set it.
     """
 
     ttl: float
@@ -125,6 +129,7 @@ class LockOptions(TypedDict, total=False):
     max_hold: float | None
     on_lost: Callable[[Lock], None] | None
     owner: str | None
+    family: str | None
 
 
 _KNOWN_OPTIONS = ", ".join(sorted(LockOptions.__optional_keys__))
@@ -148,6 +153,13 @@ class Lock:
         owner = options.get("owner")
         if owner is not None and (not isinstance(owner, str) or not owner.isprintable() or not 0 < len(owner) <= 256):
             raise ConfigurationError(f"owner must be a printable str of 1 to 256 characters, not {owner!r}")
+        family = options.get("family")
+        if family is not None and (
+            not isinstance(family, str) or not family.isprintable() or not 0 < len(family) <= 256
+        ):
+            raise ConfigurationError(
+                f"family (the lock's metrics label) must be a printable str of 1 to 256 characters, not {family!r}"
+            )
         self._client = client
         self.name = name
         self.ttl = seconds(options.get("ttl", 30.0), "ttl (the lease length)")
@@ -157,6 +169,8 @@ class Lock:
         self.max_hold = seconds(options.get("max_hold"), "max_hold", allow_none=True)
         self._on_lost = options.get("on_lost")
         self.owner = owner
+        self.family = family
+        self._metric_attributes = _metrics.lock_attributes(type(client._backend).__module__, family)
         self._mutex = threading.Lock()
         self._busy = False
         self._ticket: Ticket | None = None
@@ -193,7 +207,8 @@ class Lock:
         if timeout is not None:
             timeout = seconds(timeout, "timeout (how long to wait)", allow_zero=True, allow_forever=True)
         wait = (timeout if timeout is not None else self.timeout) if blocking else 0.0
-        deadline = _clock.now() + wait
+        started = _clock.now()
+        deadline = started + wait
         with self._mutex:
             if self._own_ticket() is not None or self._busy:
                 raise LockError(
@@ -202,10 +217,15 @@ class Lock:
                     name=self.name,
                 )
             self._busy = True
+        _metrics.acquire_started(self._metric_attributes)
+        outcome = _metrics.ERROR
         try:
             with self._client._while_open(f"acquire lock {self.name!r}"):
-                return self._queue_until_head(deadline, cancel)
+                acquired = self._queue_until_head(deadline, cancel)
+            outcome = _metrics.ACQUIRED if acquired else _metrics.CANCELLED if cancel.fired else _metrics.TIMEOUT
+            return acquired
         finally:
+            _metrics.acquire_ended(self._metric_attributes, _clock.now() - started, outcome)
             with self._mutex:
                 self._busy = False
 
@@ -398,6 +418,7 @@ class Lock:
                 return
             self._lost_reason = reason
         self._lost_event.set()
+        _metrics.lock_lost(self._metric_attributes)
         log.warning("distlock: lock %r lost: %s", self.name, reason)
         if self._on_lost is not None:
             # Not on the calling thread: the keeper must go on refreshing leases, and a caller of ``lost`` or
@@ -446,6 +467,7 @@ class Lock:
             self._session = None
             self._hold_deadline = None
             reason = self._lost_reason
+        _metrics.lock_released(self._metric_attributes, _clock.now() - self._acquired_at)
         self._leave_context()
         self._client._keeper.detach(session, self)
         if reason is None and session.expired():

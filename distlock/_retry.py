@@ -17,6 +17,9 @@ Every attempt is handed an :class:`Attempt` carrying its own deadline: the reque
 passes ``attempt_budget``, an earlier one, so that one member that does not answer (frozen, cut off from its
 cluster) costs one short attempt instead of the whole request's time. The backend decides what a timed-out attempt
 means: only a request that is safe to send twice may be retried after one.
+
+Every failed attempt that the table translates, retried or not, is counted in the ``distlock.backend.errors`` metric
+by the distlock error it reads as (``_metrics``); an exception the table does not know is not counted.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from . import _clock
+from . import _clock, _metrics
 from ._errors import BackendError, BackendUnavailable
 
 __all__ = ["Attempt", "ErrorTable", "retrying"]
@@ -96,6 +99,10 @@ def retrying(
             return attempt(Attempt(number, bound)), number
         except Exception as error:
             last_error = error
+            translated = errors.translate(error, what)
+            if translated is not None:
+                # The table was built in the backend's own module: that names the backend (see _metrics).
+                _metrics.backend_error(getattr(errors.translate, "__module__", ""), type(translated).__name__)
             if not recovered and errors.recover(error, deadline):
                 recovered = True
                 continue
@@ -103,7 +110,6 @@ def retrying(
                 time.sleep(delay)
                 delay = min(delay * 2, max_backoff)
                 continue
-            translated = errors.translate(error, what)
             if translated is None:
                 raise
             raise translated from error

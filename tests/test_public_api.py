@@ -16,7 +16,7 @@ CONTRACT = {
     "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate",
     "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "StaleFenceToken",
     "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token", "fence_for",
-    "fence_for_write", "seconds", "stale_token_message",
+    "fence_for_write", "fence_refused", "seconds", "stale_token_message",
 }  # fmt: skip
 
 
@@ -53,7 +53,8 @@ def test_error_tree(error: type[Exception], parents: tuple[type[Exception], ...]
 
 
 def test_importing_distlock_imports_no_framework() -> None:
-    code = "import sys, distlock, distlock_sqla; print(sorted(m for m in ('django', 'grpc') if m in sys.modules))"
+    eager = "('django', 'grpc', 'opentelemetry')"
+    code = f"import sys, distlock, distlock_sqla; print(sorted(m for m in {eager} if m in sys.modules))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=child_env())
     out = run.stdout
-    assert out.strip() == "[]", "importing distlock pulled in a framework or the etcd client eagerly"
+    assert out.strip() == "[]", "importing distlock pulled in a framework, the etcd client or OpenTelemetry eagerly"

@@ -1,0 +1,246 @@
+"""Metrics through the OpenTelemetry API: how long locks are waited for and held, how many are lost, refused, failing.
+
+The instruments follow the shape of OpenTelemetry's database client connection-pool conventions (a lock is a pool of
+one: ``db.client.connection.wait_time`` / ``use_time`` / ``pending_requests`` / ``timeouts``), with durations in
+seconds and names under ``distlock.``:
+
+==============================  ===============  ==========  ==========================================================
+instrument                      kind             unit        what is recorded
+==============================  ===============  ==========  ==========================================================
+``distlock.lock.wait_time``     histogram        s           each ``acquire()`` (and ``with``), when it ends, with
+                                                             ``distlock.lock.outcome``: acquired, timeout, cancelled
+                                                             (an asyncio acquire whose task was cancelled) or error
+``distlock.lock.hold_time``     histogram        s           each hold, when the holder releases it (lost or not)
+``distlock.lock.waiters``       up-down counter  {waiter}    ``acquire()`` calls of this process under way now
+``distlock.lock.lost``          counter          {lock}      holds that became lost (lease expired or revoked,
+                                                             ``max_hold`` passed, key gone, client closed)
+``distlock.fence.refused``      counter          {write}     writes the database refused for a stale token
+                                                             (``fence_refused()``, called by the integrations)
+``distlock.backend.errors``     counter          {error}     failed attempts of requests to the lock service, retried
+                                                             or not, by ``error.type`` (the distlock error's class)
+==============================  ===============  ==========  ==========================================================
+
+Attributes are bounded: ``distlock.backend`` (``etcd`` or ``redis``, the backend's module in
+``distlock.backends``), ``distlock.lock.family`` (the ``family`` lock option: the template a name was rendered
+from, such as ``"account:{pk}"``; absent for a lock made without one), never the lock name itself, whose values
+are unbounded. ``distlock.fence.refused`` carries only the family (the database refused the write, not a lock
+service).
+
+The meter (``metrics.get_meter("distlock", <version>)``) is fetched at the first measurement, not at import: until
+the application sets a ``MeterProvider``, the API hands out proxies that follow the provider once it is set, so a
+provider configured after ``import distlock`` (or after the first lock) still receives everything. Without the
+``opentelemetry-api`` package the first measurement finds no module and every later one does nothing (one function
+call each); with the API but no SDK configured, the API's own no-op instruments record nothing.
+
+What can go wrong: a metrics pipeline must never break a lock. The OpenTelemetry API promises not to raise, but an
+SDK runs application code on the recording thread (views, exemplar filters), so every measurement here catches
+``Exception``: the first one is logged as a warning on the ``distlock`` logger, later ones at debug level, and the
+lock carries on. Exporters run on their own threads (a periodic reader, a Prometheus scrape) and cannot reach the
+lock at all. A lock still held when its process dies records no hold time; one still held when its client is
+closed counts as lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "ACQUIRED",
+    "CANCELLED",
+    "ERROR",
+    "TIMEOUT",
+    "acquire_ended",
+    "acquire_started",
+    "backend_error",
+    "backend_label",
+    "fence_refused",
+    "lock_attributes",
+    "lock_lost",
+    "lock_released",
+]
+
+log = logging.getLogger("distlock")
+
+#: Values of ``distlock.lock.outcome`` on ``distlock.lock.wait_time``.
+ACQUIRED = "acquired"
+TIMEOUT = "timeout"
+CANCELLED = "cancelled"
+ERROR = "error"
+
+BACKEND = "distlock.backend"
+FAMILY = "distlock.lock.family"
+OUTCOME = "distlock.lock.outcome"
+ERROR_TYPE = "error.type"
+
+# Lock waits run from a millisecond (uncontended) to minutes; holds from milliseconds to an hour-long job.
+_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+
+class _Histogram(Protocol):
+    def record(self, amount: float, attributes: Mapping[str, str] | None = None) -> None: ...
+
+
+class _Counter(Protocol):
+    def add(self, amount: int, attributes: Mapping[str, str] | None = None) -> None: ...
+
+
+class _Off:
+    """What every instrument is when the OpenTelemetry API is not installed."""
+
+    def record(self, amount: float, attributes: Mapping[str, str] | None = None) -> None:
+        pass
+
+    def add(self, amount: int, attributes: Mapping[str, str] | None = None) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class _Instruments:
+    wait_time: _Histogram
+    hold_time: _Histogram
+    waiters: _Counter
+    lost: _Counter
+    refused: _Counter
+    backend_errors: _Counter
+
+
+_OFF = _Instruments(_Off(), _Off(), _Off(), _Off(), _Off(), _Off())
+_instruments: _Instruments | None = None
+_creating = threading.Lock()
+_failures = 0
+
+
+def _get() -> _Instruments:
+    instruments = _instruments
+    return instruments if instruments is not None else _create_once()
+
+
+def _create_once() -> _Instruments:
+    global _instruments
+    with _creating:
+        if _instruments is None:
+            _instruments = _create()
+        return _instruments
+
+
+def _create() -> _Instruments:
+    try:
+        from opentelemetry import metrics
+    except ImportError:
+        return _OFF
+    # distlock is imported whenever this module is (it is one of its modules); reading its version from sys.modules
+    # avoids importing the package from inside it.
+    version = str(getattr(sys.modules.get("distlock"), "__version__", ""))
+    try:
+        meter = metrics.get_meter("distlock", version)
+        return _Instruments(
+            wait_time=meter.create_histogram(
+                "distlock.lock.wait_time",
+                unit="s",
+                description="How long acquiring a lock took, by outcome (acquired, timeout, cancelled, error)",
+                explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+            ),
+            hold_time=meter.create_histogram(
+                "distlock.lock.hold_time",
+                unit="s",
+                description="How long a lock was held, from acquisition to release",
+                explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
+            ),
+            waiters=meter.create_up_down_counter(
+                "distlock.lock.waiters", unit="{waiter}", description="Lock acquisitions under way in this process"
+            ),
+            lost=meter.create_counter(
+                "distlock.lock.lost", unit="{lock}", description="Locks lost while held (lease gone, max_hold passed)"
+            ),
+            refused=meter.create_counter(
+                "distlock.fence.refused",
+                unit="{write}",
+                description="Writes the database refused because a newer lock holder had claimed the row",
+            ),
+            backend_errors=meter.create_counter(
+                "distlock.backend.errors",
+                unit="{error}",
+                description="Failed attempts of requests to the lock service (retried or not), by error type",
+            ),
+        )
+    except Exception as e:
+        _failed(e)
+        return _OFF
+
+
+def _failed(error: Exception) -> None:
+    global _failures
+    _failures += 1
+    if _failures == 1:
+        log.warning("distlock: recording a metric failed (%r); locks carry on, later failures log at debug", error)
+    else:
+        log.debug("distlock: recording a metric failed: %r", error)
+
+
+@functools.cache
+def backend_label(module: str) -> str:
+    """The ``distlock.backend`` value of a backend defined in ``module``: ``distlock.backends._etcd`` -> ``etcd``.
+
+    Each backend lives in its own module named after it (``distlock.backends.SCHEMES`` lists them).
+    """
+    return module.rpartition(".")[2].lstrip("_")
+
+
+def lock_attributes(backend_module: str, family: str | None) -> dict[str, str]:
+    """The attributes every measurement of a lock carries (made once per handle)."""
+    attributes = {BACKEND: backend_label(backend_module)}
+    if family is not None:
+        attributes[FAMILY] = family
+    return attributes
+
+
+def acquire_started(attributes: Mapping[str, str]) -> None:
+    try:
+        _get().waiters.add(1, attributes)
+    except Exception as e:
+        _failed(e)
+
+
+def acquire_ended(attributes: Mapping[str, str], seconds: float, outcome: str) -> None:
+    """An ``acquire()`` that :func:`acquire_started` counted ended after ``seconds`` with ``outcome``."""
+    try:
+        instruments = _get()
+        instruments.waiters.add(-1, attributes)
+        instruments.wait_time.record(seconds, {**attributes, OUTCOME: outcome})
+    except Exception as e:
+        _failed(e)
+
+
+def lock_released(attributes: Mapping[str, str], seconds: float) -> None:
+    try:
+        _get().hold_time.record(seconds, attributes)
+    except Exception as e:
+        _failed(e)
+
+
+def lock_lost(attributes: Mapping[str, str]) -> None:
+    try:
+        _get().lost.add(1, attributes)
+    except Exception as e:
+        _failed(e)
+
+
+def fence_refused(family: str | None) -> None:
+    try:
+        _get().refused.add(1, {} if family is None else {FAMILY: family})
+    except Exception as e:
+        _failed(e)
+
+
+def backend_error(backend_module: str, error_type: str) -> None:
+    """One failed attempt of a request to a backend defined in ``backend_module``."""
+    try:
+        _get().backend_errors.add(1, {BACKEND: backend_label(backend_module), ERROR_TYPE: error_type})
+    except Exception as e:
+        _failed(e)
