@@ -91,6 +91,7 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
             lock_name(name),
             ttl=settings["TTL"] if self.ttl is None else self.ttl,
             timeout=settings["TIMEOUT"] if self.timeout is None else self.timeout,
+            family=self.template.template,
         )
 
     # -- decorator --------------------------------------------------------------------------------------------

@@ -190,6 +190,7 @@ class DistributedLockMiddleware:
             lock_name(rule.template.render(values)),
             ttl=settings["TTL"] if rule.ttl is None else rule.ttl,
             timeout=settings["TIMEOUT"] if rule.timeout is None else rule.timeout,
+            family=rule.template.template,
         )
         if not lock.acquire():
             if settings["CONTENTION_STATUS"] is None:

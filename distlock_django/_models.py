@@ -114,7 +114,9 @@ def fence_of(
 
 def _stale(model: type[models.Model], pk: Any, token: int, using: str, action: str) -> StaleFenceToken:
     current = model._base_manager.using(using).filter(pk=pk).values_list("fence_token", flat=True).first()
-    message = distlock.stale_token_message(f"{action} of {model.__name__} pk={pk}", token, current)
+    message = distlock.fence_refused(
+        f"{action} of {model.__name__} pk={pk}", token, current, family=_template(model).template
+    )
     return StaleFenceToken(message, token=token, row=pk, current=current)
 
 

@@ -26,8 +26,16 @@ class StaleFenceToken(distlock.StaleFenceToken, StaleDataError):
 
 
 def stale(
-    what: str, token: int | None, row: Any, current: int | None, *, read: int | None = None, lock: str | None = None
+    what: str,
+    token: int | None,
+    row: Any,
+    current: int | None,
+    *,
+    family: str,
+    read: int | None = None,
+    lock: str | None = None,
 ) -> StaleFenceToken:
-    """The error for ``what`` (``"update of Account pk=1"``), refused although written with ``token``."""
-    message = distlock.stale_token_message(what, token, current, read=read, lock=lock)
+    """The error for ``what`` (``"update of Account pk=1"``), refused although written with ``token``, counted in
+    the ``distlock.fence.refused`` metric under ``family`` (the row's lock template)."""
+    message = distlock.fence_refused(what, token, current, read=read, lock=lock, family=family)
     return StaleFenceToken(message, token=token, row=row, current=current)

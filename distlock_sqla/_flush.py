@@ -160,7 +160,9 @@ def _expect(session: Session | None, connection: Connection, expected: _Expected
 
 def _refuse_newer_read(spec: FenceSpec, target: Any, action: str, fence: Fence, read: int | None) -> None:
     if read is not None and read > fence.token:
-        raise stale(_describe(action, spec, target), fence.token, target, read, lock=fence.name)
+        raise stale(
+            _describe(action, spec, target), fence.token, target, read, family=spec.template.template, lock=fence.name
+        )
 
 
 @event.listens_for(FencedMixin, "before_update", propagate=True)
@@ -294,6 +296,7 @@ def _stale(expected: _Expected, current: int | None) -> Exception:
         None if fence is None else fence.token,
         expected.target,
         current,
+        family=expected.spec.template.template,
         read=expected.read,
         lock=None if fence is None else fence.name,
     )

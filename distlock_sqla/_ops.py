@@ -388,7 +388,9 @@ def _stale_rows(
     current = _current_tokens(executor, spec, pks)
     culprit = next((pk for pk in pks if current.get(pk, token + 1) > token), pks[0])
     pk = culprit[0] if len(culprit) == 1 else culprit
-    error = stale(f"{action} of {spec.describe(pk)}", token, pk, current.get(culprit), lock=name)
+    error = stale(
+        f"{action} of {spec.describe(pk)}", token, pk, current.get(culprit), family=spec.template.template, lock=name
+    )
     if len(pks) > 1:
         error.args = (f"{error.args[0]} (nothing of this {action} of {len(pks)} rows was written)",)
     return error

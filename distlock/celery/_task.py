@@ -245,7 +245,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         if holder is None:
             # An eta or countdown delays the task on purpose: the reservation lasts until it is due, and then some.
             hold_for = _delay_of(options) + effective.queued_for
-            lock = client.lock(name, ttl=effective.ttl, max_hold=hold_for, owner=_owner(task_id))
+            lock = client.lock(name, ttl=effective.ttl, max_hold=hold_for, owner=_owner(task_id), family=self.name)
             # A copied context: the reservation must not become the caller's current_lock().
             if contextvars.copy_context().run(lock.acquire, False):
                 header["reservation"] = lock.token
@@ -282,7 +282,9 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         effective = self._singleton_options.merged(overrides, where)
         name = header.get("key") or self.singleton_key(args, kwargs)
         client = get_client(self.app)
-        lock = client.lock(name, ttl=effective.ttl, max_hold=effective.max_hold, owner=_owner(task_id))
+        lock = client.lock(
+            name, ttl=effective.ttl, max_hold=effective.max_hold, owner=_owner(task_id), family=self.name
+        )
         busy = _acquire(client, lock, header.get("reservation"), effective, same_task_possible=task_id is not None)
         if busy is not None:
             return self._duplicate(busy, name, effective, where, direct=task_id is None)
