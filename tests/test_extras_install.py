@@ -18,6 +18,7 @@ SMOKES = {
     "etcd,sqlalchemy": ("smoke_sqlalchemy.py", "etcd_url"),
     "etcd,django": ("smoke_django.py", "etcd_url"),
     "etcd,celery": ("smoke_celery.py", "etcd_url"),
+    "etcd,otel": ("smoke_otel.py", "etcd_url"),
     "redis": ("smoke_redis.py", "redis_url"),
 }
 
