@@ -82,7 +82,7 @@ def test_async_view_under_asgi_and_class_based_view(db_alias: str, client: Clien
     assert not _held("async:7")
     response = client.post("/cbv/8/")
     assert response.status_code == 200
-    assert response.json() == {"lock": "dj:cbv:8"}
+    assert response.json() == {"lock": "dj:cbv:8", "family": "cbv:{pk}"}  # the metrics' label: the template
     assert not _held("cbv:8")
 
 

@@ -63,7 +63,7 @@ class AccountView(View):
     def post(self, request: HttpRequest, pk: int) -> HttpResponse:
         lock = distlock.current_lock()
         assert lock is not None
-        return JsonResponse({"lock": lock.name})
+        return JsonResponse({"lock": lock.name, "family": lock.family})
 
 
 def stream(request: HttpRequest, name: str) -> StreamingHttpResponse:
