@@ -29,11 +29,12 @@ service).
 The meter (``metrics.get_meter("distlock", <version>)``) is fetched at the first measurement, not at import: until
 the application sets a ``MeterProvider``, the API hands out proxies that follow the provider once it is set, so a
 provider configured after ``import distlock`` (or after the first lock) still receives everything. Without the
-``opentelemetry-api`` package the first measurement finds no module and every later one does nothing (one function
-call each); with the API but no SDK configured, the API's own no-op instruments record nothing.
+``opentelemetry-api`` package the first measurement finds no module and every later one does nothing (a couple of
+function calls each); with the API but no SDK configured, the API's own no-op instruments record nothing.
 
 What can go wrong: a metrics pipeline must never break a lock. The OpenTelemetry API promises not to raise, but an
-SDK runs application code on the recording thread (views, exemplar filters), so every measurement here catches
+SDK may run the application's code on the recording thread (a custom aggregation or exemplar reservoir, or a
+provider of its own), so every measurement here catches
 ``Exception``: the first one is logged as a warning on the ``distlock`` logger, later ones at debug level, and the
 lock carries on. Exporters run on their own threads (a periodic reader, a Prometheus scrape) and cannot reach the
 lock at all. A lock still held when its process dies records no hold time; one still held when its client is
