@@ -34,11 +34,10 @@ function calls each); with the API but no SDK configured, the API's own no-op in
 
 What can go wrong: a metrics pipeline must never break a lock. The OpenTelemetry API promises not to raise, but an
 SDK may run the application's code on the recording thread (a custom aggregation or exemplar reservoir, or a
-provider of its own), so every measurement here catches
-``Exception``: the first one is logged as a warning on the ``distlock`` logger, later ones at debug level, and the
-lock carries on. Exporters run on their own threads (a periodic reader, a Prometheus scrape) and cannot reach the
-lock at all. A lock still held when its process dies records no hold time; one still held when its client is
-closed counts as lost.
+provider of its own), so every measurement here catches ``Exception``: the first one is logged as a warning on the
+``distlock`` logger, later ones at debug level, and the lock carries on. Exporters run on their own threads (a
+periodic reader, a Prometheus scrape) and cannot reach the lock at all. A lock still held when its process dies
+records no hold time; one still held when its client is closed counts as lost.
 """
 
 from __future__ import annotations
