@@ -13,7 +13,7 @@ passed to someone else::
         balance: Mapped[int]
 
     with client.lock(f"account:{account_id}", ttl=30), Session(engine) as session, session.begin():
-        account = claim_one(session, Account, account_id)  # claim, then read (docs/architecture.md: claim on read)
+        account = claim_one(session, Account, account_id)  # claim, then read (docs/design.md: claim-on-read)
         account.balance += 10  # flushed with WHERE fence_token = :t; a stale holder gets StaleFenceToken
 
 Never imports Django, and uses only public names of :mod:`distlock`. Works with ``Session``/``Connection`` and

@@ -6,7 +6,7 @@ lock names from their columns, and takes each row's token from the lock of that 
 whose lock is not held raises ``UnfencedWrite`` (``LockNotOwned`` when other locks are held, or ``fence=`` is of
 another lock), with nothing written.
 
-- :func:`claim` (and :func:`claim_one`): claim-on-read (docs/architecture.md). It selects the keys of the rows
+- :func:`claim` (and :func:`claim_one`): claim-on-read (docs/design.md). It selects the keys of the rows
   the statement returns, claims them — ``UPDATE … SET fence_token = :t WHERE pk IN (…) AND fence_token <= :t`` —
   and only then reads them (refreshing objects already in the session). A row that could not be claimed raises
   ``StaleFenceToken`` and nothing is read, so no caller ever holds data a newer holder may be changing.
