@@ -1,0 +1,114 @@
+"""The documentation: the mkdocs site builds with no warning, and no link in the README or docs/ points at nothing.
+
+``mkdocs build --strict`` (mkdocs.yml) fails on any warning: a page missing from the nav, a link to a missing page
+or to a heading a page does not have, a docstring mkdocstrings cannot render. The README is not part of the site,
+and GitHub renders it and docs/*.md on their own, so every relative link there is checked here too: its file must
+exist, and its ``#anchor`` must be a heading of the target as both GitHub and mkdocs spell heading ids.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.MULTILINE)
+
+
+def _prose(text: str) -> str:
+    """Markdown without fenced code blocks, where neither links nor headings count."""
+    return _FENCE.sub("", text)
+
+
+def _heading_text(heading: str) -> str:
+    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+    return heading.replace("`", "").replace("*", "")
+
+
+def _github_slug(heading: str) -> str:
+    text = _heading_text(heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _mkdocs_slug(heading: str) -> str:
+    # Python-Markdown's toc slugify, which mkdocs uses by default.
+    text = unicodedata.normalize("NFKD", _heading_text(heading)).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    """The heading ids of a Markdown file that GitHub and mkdocs both give (a link must work on both)."""
+    headings = _HEADING.findall(_prose(path.read_text(encoding="utf-8")))
+    return {_github_slug(h) for h in headings} & {_mkdocs_slug(h) for h in headings}
+
+
+def relative_links(path: Path) -> list[str]:
+    """The link and image targets of a Markdown file that are not URLs (outside code)."""
+    text = _CODE_SPAN.sub("", _prose(path.read_text(encoding="utf-8")))
+    return [target for target in _LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", target)]
+
+
+def broken_links(path: Path) -> list[str]:
+    problems = []
+    for target in relative_links(path):
+        file_part, _, anchor = target.partition("#")
+        if file_part.startswith("/"):
+            problems.append(f"{target}: an absolute path (use one relative to {path.name})")
+            continue
+        resolved = (path.parent / file_part).resolve() if file_part else path
+        if not resolved.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            problems.append(f"{target}: {resolved.name} has no heading with the id {anchor!r}")
+    return problems
+
+
+def markdown_files() -> list[Path]:
+    return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda path: str(path.relative_to(REPO)))
+def test_every_relative_link_points_at_an_existing_file_and_heading(path: Path) -> None:
+    assert broken_links(path) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other\n\n## The `fence` and claim-on-read\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n[ok](other.md#the-fence-and-claim-on-read) [self](#page) [web](https://example.com/x.md)\n"
+        "[gone](missing.md) [no heading](other.md#nope)\n\n```\n[in code](ignored.md)\n```\n",
+        encoding="utf-8",
+    )
+    assert broken_links(page) == [
+        "missing.md: no such file",
+        "other.md#nope: other.md has no heading with the id 'nope'",
+    ]
+
+
+def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "WARNING" not in output, output
+    assert (tmp_path / "site" / "reference" / "distlock" / "index.html").exists()
