@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator
@@ -42,6 +43,8 @@ from ._session import Keeper
 from .backends import SCHEMES, Scheme
 
 __all__ = ["Client", "connect"]
+
+log = logging.getLogger("distlock")
 
 _DEFAULT_PREFIX = "distlock"
 _QUERY = {"prefix", "ca", "cert", "key"}
@@ -85,6 +88,29 @@ class Client:
 
         with self._while_open(f"read lock {name!r}"):
             return self._backend.holder(validate_name(name))
+
+    def force_release(self, name: str, token: int) -> bool:
+        """Remove lock ``name``'s holder if its fencing token is still ``token``; True if removed, False if the lock
+        has no holder or its holder has another token (a newer holder is never touched).
+
+        For operators clearing a stuck lock (``distlock force-release``, the Django admin): the next waiter gets the
+        lock at once, and the holder's handle becomes ``lost`` within about a third of its TTL. ``token`` is the
+        holder's token as :meth:`holder` or :meth:`inspect` showed it. Raises ``InvalidLockName`` for a bad name
+        and ``ConfigurationError`` for a token that is not a positive int.
+        """
+        self._check_open()
+        from ._names import validate_name
+
+        validate_name(name)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+            raise ConfigurationError(
+                f"token must be the holder's fencing token, a positive int (as holder() shows it), not {token!r}"
+            )
+        with self._while_open(f"force-release lock {name!r}"):
+            released = self._backend.force_release(name, token)
+        if released:
+            log.warning("distlock: lock %r force-released at token %d on %s", name, token, self.description)
+        return released
 
     def inspect(self) -> list[LockState]:
         """Every lock with a holder or waiters under this client's prefix, in name order (for inspectors)."""

@@ -16,6 +16,15 @@ Races handled here, in prose:
   a dead key.
 - *Released after the lease expired.* Release removes the ticket only if it is still ours (on etcd: its create revision
   is still our token, etcd#22082), so a late release can never delete a newer holder's; it raises ``LockLost`` instead.
+- *Force-released.* An operator's ``client.force_release(name, token)`` deletes the holder's key only if its token
+  is still the one the operator saw, and leaves the lease alive (the client's other locks share it). The keeper finds
+  the key gone at its next check of the held keys, one per lease after each refresh, and marks the lock lost; until
+  then ``lost`` is False, but fenced writes are already refused once the next holder has claimed the row. If the
+  holder releases at the same moment, both requests are the same compare-and-delete of one key at one token: one
+  of them deletes it and wakes the next waiter (once), the other finds nothing. When the operator's comes first, the
+  holder's ``release()`` finds its key gone and raises ``LockLost``; when the holder's comes first, the force release
+  returns False and changes nothing, even though by then a waiter may hold the lock under a newer token. A check that
+  was under way while the handle released (or acquired again) never marks the new hold lost: it names the ticket.
 - *Forked while holding.* In a forked child, a handle the parent holds is not held: ``owned()`` is False, ``lost`` is
   True (nothing done in the child is protected by the parent's lock), ``token``, ``fence``, ``ensure_held()`` and
   ``release()`` raise ``LockNotOwned``, and ``current_lock()``/``current_token()`` skip it. Otherwise the child could
@@ -412,9 +421,10 @@ class Lock:
         self._mark_lost(reason)
         return reason
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, ticket: Ticket | None = None) -> None:
+        """Mark the current hold lost (only if it is still the hold of ``ticket``, when given)."""
         with self._mutex:
-            if self._lost_reason is not None or self._ticket is None:
+            if self._lost_reason is not None or self._ticket is None or ticket not in (None, self._ticket):
                 return
             self._lost_reason = reason
         self._lost_event.set()
@@ -444,6 +454,13 @@ class Lock:
             wake.fire(_LEASE_LOST)
         if self._ticket is not None:
             self._mark_lost(reason)
+
+    @property
+    def held_ticket(self) -> Ticket | None:
+        return self._own_ticket() if self._lost_reason is None else None
+
+    def ticket_gone(self, ticket: Ticket) -> None:
+        self._mark_lost("its key was removed while its lease lived (force-released by an operator, or deleted)", ticket)
 
     def hold_expired(self) -> None:
         ticket, session = self._ticket, self._session

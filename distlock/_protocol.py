@@ -9,7 +9,9 @@ protocol. A backend only knows how to
 - put a waiter into a lock's FIFO queue (idempotently: a retried enqueue returns the same ticket) and say where in
   the queue a ticket stands;
 - block until the waiter ahead of a ticket is gone, a timeout passes, or an :class:`Interrupt` fires;
-- remove a ticket *only if it is still the same ticket* (never an unconditional delete);
+- remove a ticket *only if it is still the same ticket* (never an unconditional delete), and, for operators, remove
+  a lock's holder *only if its token is still the one the operator saw* (a force release);
+- say which of a lease's held tickets are gone (a force release or a hand removed them while the lease lived on);
 - name the current holder of a lock (and, optionally, list every lock: :class:`Inspectable`).
 
 A ticket at the head of its queue holds the lock. Its ``revision`` is the fencing token: it must strictly increase
@@ -26,7 +28,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -220,6 +222,20 @@ class Backend(Protocol):
 
     def holder(self, name: str) -> Holder | None:
         """The current holder of ``name``, or None when nobody holds it."""
+
+    def force_release(self, name: str, token: int) -> bool:
+        """Delete the holder of ``name`` if its token is still ``token``, waking the next waiter as a release does.
+
+        False when nobody holds the lock or its holder has another token: a newer holder is never touched. True also
+        when a retried request's first attempt may have landed (the key at ``token`` is gone either way).
+        """
+
+    def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
+        """Of ``tickets`` (held, all on one live lease), those whose key is gone although the lease lives.
+
+        One request per lease where the service allows it, not one per ticket: the keeper asks this after every
+        refresh of a lease that holds locks. May raise ``LeaseGone`` when the lease itself is gone.
+        """
 
     def close(self) -> None:
         """Release client resources (channels, connections). Leases are revoked by the caller first."""

@@ -18,8 +18,11 @@ hold time (the lock is marked lost and its key deleted, revision-checked).
 Work that talks to the server for something other than a refresh, or runs user code, is done by a second thread, the
 *cleaner*: revoking lost leases, deleting the key of a lock past its maximum hold time, retrying deletions that failed
 while the server was away ("orphans", so that a waiter that gave up during an outage cannot block its queue for as
-long as its lease lives), and the locks' ``on_lost`` callbacks. So a slow callback or a revoke stuck on an unreachable
-server never delays a refresh, and a short lease on the same client does not lapse meanwhile.
+long as its lease lives), the locks' ``on_lost`` callbacks, and, after each refresh of a lease that holds locks, one
+check that their keys are still there: an operator's force release deletes a holder's key and leaves the lease, which
+the client's other locks share, alive, so only that check can tell the holder (it is then marked lost). So a slow
+callback or a revoke stuck on an unreachable server never delays a refresh, and a short lease on the same client
+does not lapse meanwhile.
 
 What can go wrong: neither thread dies of an exception: one that escapes a refresh, a clean-up job or a callback is
 logged (logger ``distlock``) and the thread goes on; a refresh that raised is retried soon, and the deadline still
@@ -74,6 +77,13 @@ class Member(Protocol):
 
     def hold_expired(self) -> None: ...
 
+    @property
+    def held_ticket(self) -> Ticket | None:
+        """The ticket this member holds and does not know lost, if any."""
+
+    def ticket_gone(self, ticket: Ticket) -> None:
+        """The key of ``ticket`` was found gone while its lease lives (force-released)."""
+
 
 def _margin(ttl: float) -> float:
     """Safety margin subtracted from a lease deadline: covers clock-rate differences and request latency."""
@@ -93,6 +103,8 @@ class Session:
     members: set[Member] = field(default_factory=set)
     lost_reason: str | None = None
     last_error: str | None = None
+    #: A check of the held keys is queued or running (see ``Keeper._check_held``).
+    checking: bool = False
 
     @property
     def refresh_interval(self) -> float:
@@ -313,6 +325,38 @@ class Keeper:
         session.sent_at = sent
         session.deadline = sent + remaining - _margin(session.lease.ttl)
         session.next_refresh = sent + session.refresh_interval
+        self._check_held(session)
+
+    def _check_held(self, session: Session) -> None:
+        """Queue one check, on the cleaner, that the keys of the locks held on ``session`` still exist.
+
+        One request per lease and refresh interval (not per lock), and none for a lease that holds nothing. A lock
+        released while the check is under way is not marked lost: a member acts only on the very ticket it holds.
+        """
+        with self._cond:
+            if session.checking:
+                return
+            held = {ticket: member for member in session.members if (ticket := member.held_ticket) is not None}
+            if not held:
+                return
+            session.checking = True
+        self.defer(functools.partial(self._find_removed, session, held))
+
+    def _find_removed(self, session: Session, held: dict[Ticket, Member]) -> None:
+        try:
+            if session.lost_reason is not None or self._closed:
+                return
+            gone = self._backend.missing_tickets(list(held))
+        except LeaseGone:
+            self.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
+            return
+        except DistlockError as e:
+            log.info("distlock could not check the locks held on lease %x (next refresh will): %s", session.lease.id, e)
+            return
+        finally:
+            session.checking = False
+        for ticket in gone:
+            self._guarded(held[ticket].ticket_gone, ticket)
 
     @staticmethod
     def _guarded(call: Callable[..., object], *args: object) -> None:

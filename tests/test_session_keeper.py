@@ -71,7 +71,8 @@ def test_etcd_receives_keep_alives_at_the_granted_ttls_pace(
         before = etcd_server.rpc_count()
         time.sleep(SAMPLE)
         rate = (etcd_server.rpc_count() - before) / SAMPLE
-    assert rate <= 1 / (granted / 3) + 1, f"etcd received {rate:.1f} messages/s for a {granted:g} s lease"
+    # Each refresh of a lease that holds a lock is followed by one check that the held keys are still there.
+    assert rate <= 2 / (granted / 3) + 1, f"etcd received {rate:.1f} messages/s for a {granted:g} s lease"
 
 
 def test_the_keeper_survives_an_unexpected_keep_alive_error(

@@ -35,7 +35,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -674,6 +674,43 @@ class EtcdBackend:
             owner=owner_id(bytes(kv.value)),
             waiters=int(response.count) - 1,
         )
+
+    def force_release(self, name: str, token: int) -> bool:
+        # Read the head, then delete it only if its create revision is still the token. The head stops being the
+        # head only by being deleted (every later key has a larger revision), so the compare also proves that the
+        # key deleted is still the holder's: a holder that released meanwhile, and the waiter that took over, fail
+        # it. The same compare-and-delete as a release, so whichever of the two comes second finds nothing to do.
+        prefix = self._lock_prefix(name)
+        head = etcdrpc.RangeRequest(
+            key=prefix,
+            range_end=_prefix_end(prefix),
+            sort_order=etcdrpc.RangeRequest.ASCEND,
+            sort_target=etcdrpc.RangeRequest.CREATE,
+            limit=1,
+            keys_only=True,
+        )
+        response, _ = self._unary(f"read holder of lock {name!r}", "Range", head)
+        if not response.kvs or int(response.kvs[0].create_revision) != token:
+            return False
+        ticket = Ticket(name=name, key=bytes(response.kvs[0].key), revision=token, lease_id=int(response.kvs[0].lease))
+        return self.dequeue(ticket)
+
+    def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
+        # One LeaseTimeToLive with keys=True names every key on the lease (waiters' too), whatever the number of
+        # locks held: cheaper than a read per lock. A key name is never reused (each joins with a fresh nonce), so
+        # a held key that is not on its lease any more was deleted.
+        by_lease: dict[int, list[Ticket]] = {}
+        for ticket in tickets:
+            by_lease.setdefault(ticket.lease_id, []).append(ticket)
+        gone: list[Ticket] = []
+        for lease_id, held in by_lease.items():
+            request = etcdrpc.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
+            answer, _ = self._unary("check held locks", "LeaseTimeToLive", request)
+            if answer.TTL < 0:  # -1: not found (0 is a live lease with less than a second left)
+                raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
+            present = {bytes(key) for key in answer.keys}
+            gone.extend(ticket for ticket in held if ticket.key not in present)
+        return gone
 
     def inspect(self) -> list[LockState]:
         """Every lock under this prefix with its holder and waiters in queue order, and their leases' time left."""

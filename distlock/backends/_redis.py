@@ -58,6 +58,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .. import _clock
@@ -209,6 +210,33 @@ return {head[1], tonumber(head[2]), redis.call('ZCARD', KEYS[1]), redis.call('HG
 """
 
 
+# KEYS: queue. ARGV: token. 1 if the head had that token and was removed (waking the waiter behind it).
+_FORCE_RELEASE = (
+    _LUA_HELPERS
+    + """
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #head == 0 or tonumber(head[2]) ~= tonumber(ARGV[1]) then return 0 end
+remove(KEYS[1], head[1], tonumber(head[2]))
+return 1
+"""
+)
+
+# KEYS: queues. ARGV: member and token of each queue's entry, in turn. Answers the (1-based) indexes of the entries
+# that are gone.
+_MISSING = """
+local gone = {}
+for i, q in ipairs(KEYS) do
+  local score = redis.call('ZSCORE', q, ARGV[2 * i - 1])
+  if not score or tonumber(score) ~= tonumber(ARGV[2 * i]) then gone[#gone + 1] = i end
+end
+return gone
+"""
+
+#: Held entries checked by one script call at most: a client holding thousands of locks does not block Redis for
+#: one long script.
+_CHECK_BATCH = 500
+
+
 class _Script:
     def __init__(self, source: str) -> None:
         self.source = source
@@ -221,7 +249,9 @@ def _sha1(text: str) -> str:
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
 
-ENQUEUE, POSITION, REMOVE, HEAD = (_Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD))
+ENQUEUE, POSITION, REMOVE, HEAD, FORCE_RELEASE, MISSING = (
+    _Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD, _FORCE_RELEASE, _MISSING)
+)
 
 
 #: Besides ``/``, braces are escaped in lock names: a brace would end the ``{hash tag}`` that keeps a lock's keys in
@@ -717,6 +747,31 @@ class RedisBackend:
                     name=name, token=int(token), lease_id=lease_id, owner=owner_id(owner), waiters=entries - 1
                 )
             self._evict(name, member)
+
+    def force_release(self, name: str, token: int) -> bool:
+        # holder() first: it removes dead entries at the head, so the head the script compares is the live holder
+        # an operator saw. The script removes the head only if its token is still ``token``, as one step on the
+        # server, and wakes the waiter behind it like any removal; a release that came first leaves another head
+        # (or none), and the script does nothing.
+        holder = self.holder(name)
+        if holder is None or holder.token != token:
+            return False
+        keys = self._lock_keys(name)
+        answer, attempts = self._script(f"force-release lock {name!r}", FORCE_RELEASE, (keys + "q",), token)
+        return answer == 1 or attempts > 1
+
+    def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
+        # One script over many queues on one server; a Cluster script may only touch one slot, and each lock's
+        # keys have a slot of their own: there, one script per lock.
+        batch = 1 if self._target.one_slot_per_script else _CHECK_BATCH
+        gone: list[Ticket] = []
+        for start in range(0, len(tickets), batch):
+            chunk = tickets[start : start + batch]
+            keys = tuple(self._lock_keys(ticket.name) + "q" for ticket in chunk)
+            args = [value for ticket in chunk for value in (ticket.key, ticket.revision)]
+            answer, _ = self._script("check held locks", MISSING, keys, *args)
+            gone.extend(chunk[int(index) - 1] for index in answer)
+        return gone
 
     def inspect(self) -> list[LockState]:
         """Every lock under this prefix with its holder and waiters in queue order, and their leases' time left.
