@@ -41,6 +41,7 @@ from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refu
 from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
 from ._protocol import Holder, LockState, Waiter
 from ._seconds import seconds
+from ._table import format_lock_table
 from ._template import KeyTemplate
 
 __version__ = "0.1.0"
@@ -81,6 +82,7 @@ __all__ = [
     "fence_for",
     "fence_for_write",
     "fence_refused",
+    "format_lock_table",
     "seconds",
     "stale_token_message",
 ]

@@ -16,7 +16,7 @@ CONTRACT = {
     "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate",
     "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "StaleFenceToken",
     "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token", "fence_for",
-    "fence_for_write", "fence_refused", "seconds", "stale_token_message",
+    "fence_for_write", "fence_refused", "format_lock_table", "seconds", "stale_token_message",
 }  # fmt: skip
 
 

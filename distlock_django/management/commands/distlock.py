@@ -12,7 +12,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import distlock
-from distlock_django._inspect import lock_table
+from distlock_django._client import get_client
+from distlock_django._conf import conf
 
 
 class Command(BaseCommand):
@@ -23,15 +24,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            rows = lock_table(options["prefix"])
+            prefix = conf()["KEY_PREFIX"] if options["prefix"] is None else options["prefix"]
+            table = distlock.format_lock_table(get_client().inspect(), prefix=prefix)
         except distlock.DistlockError as e:
             raise CommandError(f"cannot read locks: {e}") from e
-        if not rows:
-            self.stdout.write("no locks held")
-            return
-        width = max(len(row.name) for row in rows)
-        self.stdout.write(f"{'LOCK':<{width}}  {'ROLE':<9}  {'TOKEN':>10}  {'LEASE LEFT':>10}  OWNER")
-        for row in rows:
-            role = "holder" if row.position == 0 else f"waiter {row.position}"
-            left = "-" if row.ttl_left is None else f"{row.ttl_left:.0f} s"
-            self.stdout.write(f"{row.name:<{width}}  {role:<9}  {row.token:>10}  {left:>10}  {row.owner}")
+        self.stdout.write(table)  # the same table as the framework-free `distlock list`
