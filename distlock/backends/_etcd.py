@@ -654,7 +654,8 @@ class EtcdBackend:
         response, retried = self._unary(f"release lock {ticket.name!r}", "Txn", request)
         return bool(response.succeeded) or retried
 
-    def holder(self, name: str) -> Holder | None:
+    def _read_head(self, name: str) -> Any:
+        """A read of ``name``'s queue for its head: the oldest key (``kvs``, empty or one) and ``count``."""
         prefix = self._lock_prefix(name)
         request = etcdrpc.RangeRequest(
             key=prefix,
@@ -664,6 +665,10 @@ class EtcdBackend:
             limit=1,
         )
         response, _ = self._unary(f"read holder of lock {name!r}", "Range", request)
+        return response
+
+    def holder(self, name: str) -> Holder | None:
+        response = self._read_head(name)
         if not response.kvs:
             return None
         kv = response.kvs[0]
@@ -680,16 +685,7 @@ class EtcdBackend:
         # head only by being deleted (every later key has a larger revision), so the compare also proves that the
         # key deleted is still the holder's: a holder that released meanwhile, and the waiter that took over, fail
         # it. The same compare-and-delete as a release, so whichever of the two comes second finds nothing to do.
-        prefix = self._lock_prefix(name)
-        head = etcdrpc.RangeRequest(
-            key=prefix,
-            range_end=_prefix_end(prefix),
-            sort_order=etcdrpc.RangeRequest.ASCEND,
-            sort_target=etcdrpc.RangeRequest.CREATE,
-            limit=1,
-            keys_only=True,
-        )
-        response, _ = self._unary(f"read holder of lock {name!r}", "Range", head)
+        response = self._read_head(name)
         if not response.kvs or int(response.kvs[0].create_revision) != token:
             return False
         ticket = Ticket(name=name, key=bytes(response.kvs[0].key), revision=token, lease_id=int(response.kvs[0].lease))

@@ -28,8 +28,9 @@ Redis cannot delete the entries of an expired key itself, so
   ``PTTL``; when that runs out it finds the lease gone and removes the dead entry (the removal script, without a
   token check: a dead lease never comes back), so a crashed holder frees the lock within its TTL and a dead waiter
   cannot block the queue;
-- every removal (release, give-up, eviction) pushes one wake-up to the waiter just behind: a release wakes one
-  waiter, never a herd, and the wake-up waits in its list if that waiter is not blocked yet (no lost wake-up);
+- every removal (release, give-up, eviction, an operator's force release) pushes one wake-up to the waiter just
+  behind: a release wakes one waiter, never a herd, and the wake-up waits in its list if that waiter is not blocked
+  yet (no lost wake-up);
 - revoking a lease (closing the client, losing a session) deletes the lease key and then the entries this
   process still has on it, so their successors do not wait out the TTL.
 
