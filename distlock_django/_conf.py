@@ -1,4 +1,4 @@
-"""distlock_django settings: one ``DISTLOCK`` dict in Django settings, read lazily, merged over defaults.
+"""distlock_django settings: one ``DISTLOCK`` dict in Django settings, read lazily, merged over defaults, checked once.
 
     DISTLOCK = {
         "URL": "etcd://127.0.0.1:2379",   # any distlock.connect() URL
@@ -7,65 +7,275 @@
         "TIMEOUT": 10.0,                  # how long they wait for a busy lock
         "KEY_PREFIX": "",                 # prepended to every lock name distlock_django makes (also fence_lock)
         "FENCING": "on",                  # "on": fence writes made under the row's lock; "strict": refuse all others
-        "RULES": [],                      # DistributedLockMiddleware rules, see _middleware.py
+        "RULES": [],                      # DistributedLockMiddleware rules, see _rules.py
         "CONTENTION_STATUS": 423,         # busy lock in a view: 423 or 409 with Retry-After; None: raise
-        "RETRY_AFTER": 1,                 # seconds, for the Retry-After header
+        "RETRY_AFTER": 1,                 # whole seconds, for the Retry-After header
         "CONFLICT_STATUS": 409,           # LockLost / StaleFenceToken escaping a view
     }
 
+One validator, :func:`validate`, judges a ``DISTLOCK`` value against the table :data:`SETTINGS` (each key's
+default, check id, what it allows) and returns every problem at once. The system checks (``checks.py``) report its
+problems as ``manage.py check`` messages; :func:`conf` runs the same validator on first use and raises
+``ConfigurationError`` listing every bad key, so a setting that passes the checks also works at run time. Durations
+go through :func:`distlock.seconds`; the URL and ``OPTIONS`` are judged by ``distlock.connect(url, check=False)``,
+which parses them without any traffic.
+
 Values are read on every use (cheap: cached until ``setting_changed`` fires), never written back into
-``settings``. What can go wrong: an unknown key or a wrong type raises ``ConfigurationError`` naming the key when it is
-used, and the system checks (``manage.py check``) report it earlier with an id and a hint.
+``settings``. What can go wrong: a bad value raises ``ConfigurationError`` naming the key (``DISTLOCK["TTL"]``) on
+first use; an unknown key is only logged as a warning (``distlock.W001`` in ``manage.py check``, with a "did you
+mean"), since a setting a newer release added must not break an older one. The keys, their ids and allowed values
+are documented in docs/reference/django-settings.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+import importlib.util
+import logging
+import unicodedata
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+import distlock
 from distlock import ConfigurationError, seconds
+from distlock.backends import SCHEMES
 
-__all__ = ["DEFAULTS", "conf", "lock_name"]
+from ._rules import compile_rules
 
-DEFAULTS: dict[str, Any] = {
-    "URL": "etcd://127.0.0.1:2379",
-    "OPTIONS": {},
-    "TTL": 30.0,
-    "TIMEOUT": 10.0,
-    "KEY_PREFIX": "",
-    "FENCING": "on",
-    "RULES": [],
-    "CONTENTION_STATUS": 423,
-    "RETRY_AFTER": 1,
-    "CONFLICT_STATUS": 409,
+__all__ = ["DEFAULTS", "DOCS", "SETTINGS", "Problem", "Setting", "conf", "lock_name", "validate"]
+
+log = logging.getLogger("distlock.django")
+
+#: Where the settings are documented; every hint points there.
+DOCS = "docs/reference/django-settings.md"
+_NOT_A_DICT = "distlock.E001"  # settings.DISTLOCK is not a dict
+_MISSING_EXTRA = "distlock.E005"  # the URL's backend needs a client library that is not installed
+_UNKNOWN_KEY = "distlock.W001"  # a key DISTLOCK does not have (a warning)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with ``DISTLOCK``: a check id (``distlock.E007``), what is wrong, and how to fix it."""
+
+    check_id: str
+    message: str
+    hint: str
+
+    @property
+    def is_error(self) -> bool:
+        return ".E" in self.check_id
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``DISTLOCK`` key: its default, its check id, what it allows, and the function that checks a value.
+
+    ``parse(value, what)`` returns the value to use (``"30"`` is refused, ``30`` becomes ``30.0``) or raises
+    ``ConfigurationError`` with a message that starts with ``what`` (``DISTLOCK["TTL"]``) and names the bad value.
+    """
+
+    key: str
+    default: Any
+    check_id: str
+    allowed: str
+    parse: Callable[[object, str], Any]
+
+    @property
+    def what(self) -> str:
+        return f'DISTLOCK["{self.key}"]'
+
+    def problem(self, message: str) -> Problem:
+        return Problem(self.check_id, message, f"{self.what} takes {self.allowed}. See {DOCS}.")
+
+
+def _url(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{what} must be a non-empty str, not {type(value).__name__}: {value!r}")
+    if urlsplit(value).scheme.lower() not in SCHEMES:
+        schemes = ", ".join(f"{name}://" for name in SCHEMES)
+        raise ConfigurationError(f"{what} = {value!r} is not a distlock URL; its scheme must be one of {schemes}")
+    return value
+
+
+def _options(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise ConfigurationError(f"{what} must be a dict of connect() options, not {type(value).__name__}: {value!r}")
+    return dict(value)
+
+
+def _key_prefix(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{what} must be a str, not {type(value).__name__}: {value!r}")
+    if any(unicodedata.category(char) == "Cc" for char in value):
+        raise ConfigurationError(f"{what} must not contain control characters, not {value!r}")
+    return value
+
+
+def _fencing(value: object, what: str) -> str:
+    if value not in ("on", "strict") or not isinstance(value, str):
+        raise ConfigurationError(f"{what} must be 'on' or 'strict', not {value!r}")
+    return value
+
+
+def _rules(value: object, what: str) -> object:
+    compile_rules(value)  # its messages name DISTLOCK["RULES"][i]
+    return value
+
+
+def _contention_status(value: object, what: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value in (423, 409)):
+        return value
+    raise ConfigurationError(f"{what} must be 423, 409 or None (raise LockNotAcquired), not {value!r}")
+
+
+def _timeout(value: object, what: str) -> float:
+    return seconds(value, what, allow_zero=True, allow_forever=True)
+
+
+def _retry_after(value: object, what: str) -> int:
+    number = seconds(value, what, allow_zero=True)
+    if not number.is_integer():
+        raise ConfigurationError(f"{what} must be whole seconds (Retry-After has no fraction), not {value!r}")
+    return int(number)
+
+
+def _conflict_status(value: object, what: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
+        return value
+    raise ConfigurationError(f"{what} must be an HTTP error status from 400 to 599 (an int), not {value!r}")
+
+
+SETTINGS: dict[str, Setting] = {
+    setting.key: setting
+    for setting in (
+        Setting(
+            "URL",
+            "etcd://127.0.0.1:2379",
+            "distlock.E002",
+            "a distlock.connect() URL: " + ", ".join(f"{name}://" for name in SCHEMES),
+            _url,
+        ),
+        Setting("OPTIONS", {}, "distlock.E006", "a dict of distlock.connect() keyword options", _options),
+        Setting(
+            "TTL",
+            30.0,
+            "distlock.E007",
+            "a lease length in seconds: a number > 0, at most ten years",
+            seconds,
+        ),
+        Setting(
+            "TIMEOUT",
+            10.0,
+            "distlock.E008",
+            "a wait in seconds: a number >= 0 (0: do not wait) or math.inf (wait forever)",
+            _timeout,
+        ),
+        Setting("KEY_PREFIX", "", "distlock.E009", "a str without control characters ('' for none)", _key_prefix),
+        Setting("FENCING", "on", "distlock.E010", "'on' or 'strict'", _fencing),
+        Setting(
+            "RULES",
+            [],
+            "distlock.E003",
+            "a list of rule dicts (key; url_name and/or path; methods, ttl, timeout)",
+            _rules,
+        ),
+        Setting(
+            "CONTENTION_STATUS", 423, "distlock.E011", "423, 409 or None (raise LockNotAcquired)", _contention_status
+        ),
+        Setting("RETRY_AFTER", 1, "distlock.E012", "a whole number of seconds >= 0", _retry_after),
+        Setting("CONFLICT_STATUS", 409, "distlock.E013", "an int HTTP status from 400 to 599", _conflict_status),
+    )
 }
+
+DEFAULTS: dict[str, Any] = {key: setting.default for key, setting in SETTINGS.items()}
+
+
+def _unknown_key(key: object) -> Problem:
+    close = difflib.get_close_matches(str(key).upper(), SETTINGS, n=1)
+    guess = f'; did you mean "{close[0]}"?' if close else ""
+    return Problem(
+        _UNKNOWN_KEY,
+        f"DISTLOCK has an unknown key {key!r}, which is ignored{guess}",
+        f"The keys are {', '.join(SETTINGS)}. See {DOCS}.",
+    )
+
+
+def _connect_error(url: str, options: dict[str, Any]) -> str | None:
+    try:
+        distlock.connect(url, **{**options, "check": False}).close()
+    except ConfigurationError as e:
+        return str(e)
+    return None
+
+
+def _client_problems(url: str, options: dict[str, Any]) -> list[Problem]:
+    """What ``connect()`` would refuse: a client library not installed, a malformed URL, a bad option."""
+    scheme = SCHEMES[urlsplit(url).scheme.lower()]
+    missing = [module for module in scheme.requires if importlib.util.find_spec(module) is None]
+    if missing:
+        return [
+            Problem(
+                _MISSING_EXTRA,
+                f'DISTLOCK["URL"] uses {scheme.name}:// but {", ".join(map(repr, missing))} is not installed',
+                f"pip install 'distlock-fenced[{scheme.extra}]'",
+            )
+        ]
+    error = _connect_error(url, {})
+    if error is not None:
+        return [SETTINGS["URL"].problem(f'DISTLOCK["URL"]: {error}')]
+    error = _connect_error(url, options) if options else None
+    if error is not None:
+        return [SETTINGS["OPTIONS"].problem(f'DISTLOCK["OPTIONS"]: {error}')]
+    return []
+
+
+def validate(user: object) -> tuple[dict[str, Any], list[Problem]]:
+    """Judge a ``DISTLOCK`` value: the settings to use (defaults filled in) and every problem found, errors first."""
+    if not isinstance(user, Mapping):
+        problem = Problem(
+            _NOT_A_DICT,
+            f"settings.DISTLOCK must be a dict, not {type(user).__name__}: {user!r}",
+            f"DISTLOCK = {{'URL': 'etcd://127.0.0.1:2379'}}. See {DOCS}.",
+        )
+        return dict(DEFAULTS), [problem]
+    problems: list[Problem] = []
+    merged: dict[str, Any] = {}
+    bad: set[str] = set()
+    for key, setting in SETTINGS.items():
+        try:
+            merged[key] = setting.parse(user.get(key, setting.default), setting.what)
+        except ConfigurationError as e:
+            problems.append(setting.problem(str(e)))
+            merged[key] = setting.default
+            bad.add(key)
+    if not bad & {"URL", "OPTIONS"}:
+        problems.extend(_client_problems(merged["URL"], merged["OPTIONS"]))
+    problems.extend(_unknown_key(key) for key in user if key not in SETTINGS)
+    return merged, problems
+
 
 _cache: dict[str, Any] | None = None
 
 
 def conf() -> Mapping[str, Any]:
-    """The effective settings: ``DEFAULTS`` updated with ``settings.DISTLOCK``."""
+    """The effective settings: ``DEFAULTS`` updated with ``settings.DISTLOCK``, checked by :func:`validate`.
+
+    Raises ``ConfigurationError`` naming every bad key; logs unknown keys as warnings.
+    """
     global _cache
     if _cache is None:
-        user = getattr(settings, "DISTLOCK", {})
-        if not isinstance(user, Mapping):
-            raise ConfigurationError(f"settings.DISTLOCK must be a dict, not {type(user).__name__}")
-        unknown = set(user) - set(DEFAULTS)
-        if unknown:
-            raise ConfigurationError(
-                f"unknown DISTLOCK setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(DEFAULTS))}"
-            )
-        merged = {**DEFAULTS, **user}
-        if merged["FENCING"] not in ("on", "strict"):
-            raise ConfigurationError(f"DISTLOCK['FENCING'] must be 'on' or 'strict', not {merged['FENCING']!r}")
-        seconds(merged["TTL"], "DISTLOCK['TTL']")
-        seconds(merged["TIMEOUT"], "DISTLOCK['TIMEOUT']", allow_zero=True, allow_forever=True)
-        if merged["CONTENTION_STATUS"] not in (423, 409, None):
-            raise ConfigurationError("DISTLOCK['CONTENTION_STATUS'] must be 423, 409 or None (raise LockNotAcquired)")
+        merged, problems = validate(getattr(settings, "DISTLOCK", {}))
+        errors = [problem.message for problem in problems if problem.is_error]
+        if errors:
+            raise ConfigurationError(f"bad DISTLOCK settings (see {DOCS}): " + "; ".join(errors))
+        for problem in problems:
+            log.warning("%s (%s)", problem.message, problem.check_id)
         _cache = merged
     return _cache
 

@@ -15,96 +15,26 @@ response is complete: for an ordinary response when the view returns — after t
 and for a streaming response only when its last chunk has been sent (or the client went away). A busy lock
 answers like the decorator (423/409 with ``Retry-After``; with ``CONTENTION_STATUS`` None it raises
 ``LockNotAcquired``), and a ``LockLost`` or ``StaleFenceToken`` escaping the view answers ``CONFLICT_STATUS``. It is
-a synchronous middleware (Django adapts it for async views). What can go wrong: a malformed rule raises
-``ConfigurationError`` on the first request (and ``manage.py check`` reports it as ``distlock.E003``).
+a synchronous middleware (Django adapts it for async views). What can go wrong: a malformed rule (``_rules.py``)
+raises ``ConfigurationError`` on the first request (and ``manage.py check`` reports it as ``distlock.E003``).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from django.urls import Resolver404, resolve
 
-import distlock
-from distlock import ConfigurationError, KeyTemplate, LockLost, LockNotAcquired, StaleFenceToken
+from distlock import LockLost, LockNotAcquired, StaleFenceToken
 
 from ._client import get_client
 from ._conf import conf, lock_name
 from ._decorators import busy_response, conflict_response, release_after_commit_quietly
+from ._rules import Rule, compile_rules
 
-__all__ = ["DistributedLockMiddleware", "Rule", "compile_rules"]
-
-UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
-_RULE_KEYS = {"key", "url_name", "path", "methods", "ttl", "timeout"}
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One compiled middleware rule."""
-
-    template: KeyTemplate
-    url_names: frozenset[str]
-    path: re.Pattern[str] | None
-    methods: frozenset[str]
-    ttl: float | None
-    timeout: float | None
-
-    def matches(self, request: HttpRequest, view_name: str | None, url_name: str | None) -> bool:
-        if request.method not in self.methods:
-            return False
-        if self.url_names and view_name not in self.url_names and url_name not in self.url_names:
-            return False
-        return self.path is None or self.path.search(request.path_info) is not None
-
-
-def compile_rules(rules: object) -> list[Rule]:
-    """Check and compile ``DISTLOCK["RULES"]``; ``ConfigurationError`` says which rule is wrong and why."""
-    if not isinstance(rules, Sequence) or isinstance(rules, str):
-        raise ConfigurationError("DISTLOCK['RULES'] must be a list of dicts")
-    compiled = []
-    for index, rule in enumerate(rules):
-        where = f"DISTLOCK['RULES'][{index}]"
-        if not isinstance(rule, Mapping):
-            raise ConfigurationError(f"{where} must be a dict, not {type(rule).__name__}")
-        unknown = set(rule) - _RULE_KEYS
-        if unknown:
-            raise ConfigurationError(f"{where} has unknown key(s) {sorted(unknown)}; known: {sorted(_RULE_KEYS)}")
-        if "key" not in rule:
-            raise ConfigurationError(f"{where} needs a 'key' template, e.g. 'order:{{order_id}}'")
-        if "url_name" not in rule and "path" not in rule:
-            raise ConfigurationError(f"{where} needs 'url_name' or 'path' to choose views")
-        url_names = rule.get("url_name", ())
-        url_names = (url_names,) if isinstance(url_names, str) else tuple(url_names)
-        try:
-            path = re.compile(rule["path"]) if "path" in rule else None
-        except (re.error, TypeError) as e:
-            raise ConfigurationError(f"{where}: bad 'path' regex {rule['path']!r}: {e}") from e
-        methods = rule.get("methods", UNSAFE_METHODS)
-        if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
-            raise ConfigurationError(f"{where}: 'methods' must be a list of HTTP method names")
-        distlock.seconds(rule.get("ttl"), f"{where}: 'ttl'", allow_none=True)
-        distlock.seconds(
-            rule.get("timeout"), f"{where}: 'timeout'", allow_zero=True, allow_forever=True, allow_none=True
-        )
-        try:
-            template = KeyTemplate(rule["key"])
-        except distlock.InvalidKeyTemplate as e:
-            raise ConfigurationError(f"{where}: {e}") from e
-        compiled.append(
-            Rule(
-                template=template,
-                url_names=frozenset(url_names),
-                path=path,
-                methods=frozenset(m.upper() for m in methods),
-                ttl=rule.get("ttl"),
-                timeout=rule.get("timeout"),
-            )
-        )
-    return compiled
+__all__ = ["DistributedLockMiddleware"]
 
 
 class _ReleasingContent:

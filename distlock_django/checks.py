@@ -1,68 +1,42 @@
-"""System checks (``manage.py check``): settings, the URL, its backend's extra, middleware rules, fenced models.
+"""System checks (``manage.py check``): every ``DISTLOCK`` setting, the URL and its backend's extra, fenced models.
 
-Ids: ``distlock.E001`` bad settings, ``distlock.E002`` bad or unsupported URL, ``distlock.E003`` malformed middleware
-rules, ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks,
-``distlock.E005`` the backend's client library is not installed. None of them connects to the lock service. The URL
-is judged by the one scheme table of ``distlock.backends.SCHEMES`` and by ``distlock.connect(url, check=False)``,
-so the checks accept exactly the URLs ``connect()`` accepts.
+The settings are judged by the same validator ``conf()`` runs on first use (``_conf.validate``), and every problem is
+reported at once, one message per bad key, each with the key's own id:
+
+- ``distlock.E001`` ``DISTLOCK`` is not a dict;
+- ``distlock.E002`` ``URL`` (a scheme of ``distlock.backends.SCHEMES``, parsed by ``distlock.connect(url,
+  check=False)``, so the checks accept exactly the URLs ``connect()`` accepts);
+- ``distlock.E003`` ``RULES``; ``distlock.E005`` the URL's backend client library is not installed;
+- ``distlock.E006`` ``OPTIONS``, ``E007`` ``TTL``, ``E008`` ``TIMEOUT``, ``E009`` ``KEY_PREFIX``, ``E010``
+  ``FENCING``, ``E011`` ``CONTENTION_STATUS``, ``E012`` ``RETRY_AFTER``, ``E013`` ``CONFLICT_STATUS``;
+- ``distlock.W001`` an unknown key (a warning, with the closest known key);
+- ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks.
+
+None of them connects to the lock service. The keys and ids are documented in docs/reference/django-settings.md.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.apps import apps
+from django.conf import settings
 from django.core import checks
 
 import distlock
-from distlock.backends import SCHEMES
 
-from ._conf import conf
+from ._conf import validate
 
 __all__ = ["check_fenced_models", "check_settings"]
 
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from ._middleware import compile_rules
-
-    try:
-        settings = conf()
-    except distlock.ConfigurationError as e:
-        return [checks.Error(str(e), hint="See distlock_django._conf for the keys.", id="distlock.E001")]
-    errors: list[checks.CheckMessage] = []
-    url = settings["URL"]
-    scheme = SCHEMES.get(urlsplit(url).scheme.lower() if isinstance(url, str) else "")
-    requires = () if scheme is None else scheme.requires
-    missing = [module for module in requires if importlib.util.find_spec(module) is None]
-    if scheme is None:
-        errors.append(
-            checks.Error(
-                f"DISTLOCK['URL'] = {url!r} is not a distlock URL",
-                hint="Use one of " + ", ".join(f"{name}://" for name in SCHEMES) + " (etcd://host:2379).",
-                id="distlock.E002",
-            )
-        )
-    elif missing:
-        errors.append(
-            checks.Error(
-                f"DISTLOCK['URL'] uses {scheme.name}:// but {', '.join(map(repr, missing))} is not installed",
-                hint=f"pip install 'distlock[{scheme.extra}]'",
-                id="distlock.E005",
-            )
-        )
-    else:
-        try:
-            distlock.connect(url, check=False, **dict(settings["OPTIONS"])).close()
-        except distlock.ConfigurationError as e:
-            errors.append(checks.Error(str(e), hint="Fix DISTLOCK['URL'] or ['OPTIONS'].", id="distlock.E002"))
-    try:
-        compile_rules(settings["RULES"])
-    except distlock.ConfigurationError as e:
-        errors.append(checks.Error(str(e), hint="See distlock_django._middleware for rules.", id="distlock.E003"))
-    return errors
+    _, problems = validate(getattr(settings, "DISTLOCK", {}))
+    return [
+        (checks.Error if problem.is_error else checks.Warning)(problem.message, hint=problem.hint, id=problem.check_id)
+        for problem in problems
+    ]
 
 
 @checks.register(checks.Tags.models)
