@@ -374,7 +374,7 @@ def _redis_version() -> str:
 
 def _machine(outcomes: Sequence[Outcome], options: Options, elapsed: float) -> list[str]:
     memory = next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
-    libraries = ", ".join(f"{d} {_version(d)}" for d in ("distlock", "grpcio", "redis", "sqlalchemy", "django"))
+    libraries = ", ".join(f"{d} {_version(d)}" for d in ("distlock-fenced", "grpcio", "redis", "sqlalchemy", "django"))
     etcd = ", ".join(f"{_etcd_version(b)} (`{b}`)" for b in options.etcd_bins or (find_etcd(),))
     lines = [
         f"- Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "

@@ -1,4 +1,4 @@
-# Sourced by the scripts in this folder: make .venv (Python >= 3.11) with distlock installed, editable, with the
+# Sourced by the scripts in this folder: make .venv (Python >= 3.11) with distlock (the distlock-fenced distribution) installed, editable, with the
 # extras named in $DISTLOCK_EXTRAS (default: dev). Re-installs when pyproject.toml changes. Needs only python3 and
 # the package index; on Debian without the venv module it installs python3-venv when run as root.
 set -euo pipefail
@@ -26,7 +26,7 @@ sum="$(cksum pyproject.toml | cut -d' ' -f1)"
 stamp=".venv/.distlock-$extras-$sum"
 # dev includes every extra the demo needs: one install serves both commands.
 if [ ! -f "$stamp" ] && [ ! -f ".venv/.distlock-dev-$sum" ]; then
-  echo "installing distlock[$extras] into .venv ..." >&2
+  echo "installing distlock-fenced[$extras] into .venv ..." >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e ".[$extras]"
   find .venv -maxdepth 1 -name '.distlock-*' ! -name "*-$sum" -delete

@@ -1,6 +1,6 @@
-"""Each extra works installed alone: a fresh venv gets only ``distlock[<extra>]`` from a wheel of this checkout and runs
-that integration's smoke script (``tests/extras/``) against the session's real servers. The ``dev`` extra installs
-everything, so nothing else in the suite could see an integration that imports a package its extra lacks (as
+"""Each extra works installed alone: a fresh venv gets only ``distlock-fenced[<extra>]`` from a wheel of this checkout
+and runs that integration's smoke script (``tests/extras/``) against the session's real servers. The ``dev`` extra
+installs everything, so nothing else in the suite could see an integration that imports a package its extra lacks (as
 ``distlock_sqla`` once needed greenlet, which SQLAlchemy 2.1 stopped installing)."""
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=300,
     )
     (built,) = out.glob("*.whl")
+    assert built.name.startswith("distlock_fenced-"), built.name  # the distribution's name, not its packages'
     return built
 
 

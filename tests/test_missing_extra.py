@@ -24,8 +24,8 @@ except distlock.ConfigurationError as e:
 @pytest.mark.parametrize(
     ("module", "url", "extra"),
     [
-        ("grpc", "etcd://127.0.0.1:1", "pip install 'distlock[etcd]'"),
-        ("redis", "redis://127.0.0.1:1", "'distlock[redis]'"),
+        ("grpc", "etcd://127.0.0.1:1", "pip install 'distlock-fenced[etcd]'"),
+        ("redis", "redis://127.0.0.1:1", "'distlock-fenced[redis]'"),
     ],
 )
 def test_a_backend_without_its_extra_raises_configuration_error(module: str, url: str, extra: str) -> None:

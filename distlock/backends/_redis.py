@@ -84,7 +84,7 @@ try:
     import redis.cluster
     import redis.exceptions
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
-    raise ConfigurationError("the Redis backend needs the 'redis' extra: pip install 'distlock[redis]'") from _e
+    raise ConfigurationError("the Redis backend needs the 'redis' extra: pip install 'distlock-fenced[redis]'") from _e
 
 __all__ = ["RedisBackend", "RedisCluster", "RedisServer", "RedisTarget"]
 

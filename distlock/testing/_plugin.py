@@ -1,6 +1,6 @@
 """The pytest plugin for your own tests: lock servers, a client per test that leaves nothing behind, Django settings.
 
-``pip install 'distlock[testing]'`` installs it; pytest loads it by itself (the ``pytest11`` entry point named
+``pip install 'distlock-fenced[testing]'`` installs it; pytest loads it by itself (the ``pytest11`` entry point named
 ``distlock``; ``-p no:distlock`` turns it off). In the style of pytest-redis and pytest-postgresql:
 
 - ``distlock_etcd_proc`` / ``distlock_redis_proc`` (session): a throwaway `EtcdServer` / `RedisServer`, started

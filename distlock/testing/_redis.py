@@ -5,7 +5,7 @@ directory, on the shared lifecycle of ``_base`` (stop, kill, pause, resume, rest
 with ``appendonly=True`` an append-only file fsynced on every write (``appendfsync always``), so a killed and
 restarted server has every write it acknowledged; without it a restarted server is empty. ``password`` turns
 on ``requirepass``. ``info()``, ``command_stats()`` and ``client()`` use redis-py
-(``pip install 'distlock[redis]'``); starting and stopping the server do not. The binary is
+(``pip install 'distlock-fenced[redis]'``); starting and stopping the server do not. The binary is
 ``$DISTLOCK_REDIS_BIN``, else ``redis-server`` on ``$PATH``.
 
 What can go wrong:
@@ -90,7 +90,9 @@ class RedisServer(_OnePortServer):
         try:
             import redis
         except ImportError as exc:
-            raise ConfigurationError("RedisServer.client() needs redis-py: pip install 'distlock[redis]'") from exc
+            raise ConfigurationError(
+                "RedisServer.client() needs redis-py: pip install 'distlock-fenced[redis]'"
+            ) from exc
         return redis.Redis.from_url(self.url, socket_timeout=timeout, socket_connect_timeout=timeout)
 
     def info(self, section: str = "default") -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Smoke test of ``distlock[etcd,celery]`` installed alone (no Django): a singleton task run eagerly holds its lock.
-Argument: an etcd URL."""
+"""Smoke test of ``distlock-fenced[etcd,celery]`` installed alone (no Django): a singleton task run eagerly holds its
+lock. Argument: an etcd URL."""
 
 import sys
 

@@ -1,5 +1,5 @@
-"""Smoke test of ``distlock[etcd,django]`` installed alone: system checks, a decorated view, a fenced model's claim
-and save on SQLite. Argument: an etcd URL."""
+"""Smoke test of ``distlock-fenced[etcd,django]`` installed alone: system checks, a decorated view, a fenced model's
+claim and save on SQLite. Argument: an etcd URL."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Smoke test of ``distlock[etcd]`` installed alone: connect, lock, read the token. Argument: an etcd URL."""
+"""Smoke test of ``distlock-fenced[etcd]`` installed alone: connect, lock, read the token. Argument: an etcd URL."""
 
 import sys
 

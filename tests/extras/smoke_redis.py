@@ -1,4 +1,4 @@
-"""Smoke test of ``distlock[redis]`` installed alone: connect, lock, read the token. Argument: a Redis URL."""
+"""Smoke test of ``distlock-fenced[redis]`` installed alone: connect, lock, read the token. Argument: a Redis URL."""
 
 import sys
 

@@ -1,5 +1,5 @@
-"""The README's SQLAlchemy example, whole, for ``distlock[etcd,sqlalchemy]`` installed alone (no greenlet: SQLAlchemy
-2.1 no longer installs it, and sync sessions must not need it). Argument: an etcd URL."""
+"""The README's SQLAlchemy example, whole, for ``distlock-fenced[etcd,sqlalchemy]`` installed alone (no greenlet:
+SQLAlchemy 2.1 no longer installs it, and sync sessions must not need it). Argument: an etcd URL."""
 
 import sys
 
