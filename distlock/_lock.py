@@ -77,7 +77,7 @@ from ._errors import (
 from ._names import validate_name
 from ._protocol import Interrupt, LeaseGone, Ticket, owner_record
 from ._seconds import seconds
-from ._session import Session
+from ._session import Session, Stray
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -190,6 +190,7 @@ class Lock:
         self._lost_reason: str | None = None
         self._lost_event = threading.Event()
         self._wake: Interrupt | None = None
+        self._stray: Stray | None = None  # the current key's, when its join was sent more than once
 
     def __repr__(self) -> str:
         if self._ticket is not None and self._own_ticket() is None:
@@ -259,12 +260,19 @@ class Lock:
                 except LeaseGone:
                     keeper.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
                     continue
+                except BaseException:
+                    # The join may have landed, or a copy of it may still land: either way nobody waits on the key.
+                    keeper.stray(session, self.name, nonce, active=False)
+                    raise
+                if ticket.resent:
+                    self._stray = keeper.stray(session, self.name, nonce)
                 while True:
                     if position.gone or wake.reason == _LEASE_LOST or session.expired():
                         # Our key is gone, or goes with a lease that expired while we waited: queue again, at the
                         # back, on a live lease. (A key deleted by hand from a live lease just re-queues.)
                         if session.expired():
                             keeper.declare_lost(session, session.why_expired())
+                        self._stray_done()
                         ticket = None
                         break
                     if position.held:
@@ -307,6 +315,15 @@ class Lock:
         except BackendError as e:
             log.warning("distlock: could not remove waiter of %r now (%s); retrying in the background", self.name, e)
             self._client._keeper.orphan(ticket, session)
+        finally:
+            self._stray_done()
+
+    def _stray_done(self) -> None:
+        """Done with the current key: if its join was sent more than once, a late copy may make it again (the
+        keeper then removes it; see ``_session.Stray``)."""
+        stray, self._stray = self._stray, None
+        if stray is not None:
+            self._client._keeper.stray_done(stray)
 
     def _become_holder(self, ticket: Ticket, session: Session) -> None:
         now = _clock.now()
@@ -498,6 +515,8 @@ class Lock:
         except BackendError as e:
             log.warning("distlock: release of %r not confirmed (%s); retrying in the background", self.name, e)
             self._client._keeper.orphan(ticket, session)
+        finally:
+            self._stray_done()
         if reason is None and not removed:
             reason = "its key was already gone (the lease expired or was revoked)"
         if reason is not None:

@@ -11,6 +11,7 @@ protocol. A backend only knows how to
 - block until the waiter ahead of a ticket is gone, a timeout passes, or an :class:`Interrupt` fires;
 - remove a ticket *only if it is still the same ticket* (never an unconditional delete), and, for operators, remove
   a lock's holder *only if its token is still the one the operator saw* (a force release);
+- find the key a join would make, so that one made by a late copy of a retried join can be removed;
 - say which of a lease's held tickets are gone (a force release or a hand removed them while the lease lived on);
 - name the current holder of a lock (and, optionally, list every lock: :class:`Inspectable`).
 
@@ -91,6 +92,8 @@ class Ticket:
     key: bytes
     revision: int
     lease_id: int
+    #: The join that made this ticket was sent more than once: a late copy may make the key again after it is gone.
+    resent: bool = False
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,13 @@ class Backend(Protocol):
 
         False when nobody holds the lock or its holder has another token: a newer holder is never touched. True also
         when a retried request's first attempt may have landed (the key at ``token`` is gone either way).
+        """
+
+    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
+        """The key that ``enqueue(name, lease_id, nonce, ...)`` makes, as a ticket, if it exists now; else None.
+
+        The keeper asks this of joins that were sent more than once, after their lock is done with them: a late
+        copy of such a join may have made the key again (see ``_session.Stray``).
         """
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:

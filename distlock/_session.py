@@ -24,6 +24,17 @@ the client's other locks share, alive, so only that check can tell the holder (i
 callback or a revoke stuck on an unreachable server never delays a refresh, and a short lease on the same client
 does not lapse meanwhile.
 
+The cleaner also sweeps *strays*. A request that timed out may still be executed later: a frozen etcd member reads
+it when it resumes (gRPC restarts the request's deadline when it reads it), a paused Redis runs what waits in its
+socket. For every request that only deletes or reads, a late copy is harmless (a delete is checked against the
+exact key and token). Joining a queue is different: it creates the waiter's key if it is absent, and after the
+waiter has released or given up, a late copy finds it absent and creates it again, on the client's live lease, where
+nobody will ever release it: the lock would be stuck for as long as the client lives. So when a join was sent more
+than once, or failed with its outcome unknown, the lock registers its key as a :class:`Stray`; once the lock is
+done with that key, the cleaner looks for it after each refresh (after 1, 2, 4, ... refresh intervals, for as long
+as the lease lives: a key can only be created on a live lease) and removes it, revision-checked, if a late copy
+made it. A client never does this work unless a join needed a retry.
+
 What can go wrong: neither thread dies of an exception: one that escapes a refresh, a clean-up job or a callback is
 logged (logger ``distlock``) and the thread goes on; a refresh that raised is retried soon, and the deadline still
 decides when its session is lost. A slow ``on_lost`` callback delays the clean-up jobs queued behind it (a revoke, an
@@ -46,7 +57,7 @@ from . import _clock
 from ._errors import ClientClosed, DistlockError
 from ._protocol import Backend, Lease, LeaseGone, Ticket
 
-__all__ = ["MIN_TTL", "Keeper", "Member", "Session"]
+__all__ = ["MIN_TTL", "Keeper", "Member", "Session", "Stray"]
 
 log = logging.getLogger("distlock")
 
@@ -59,6 +70,10 @@ REFRESHES_PER_TTL = 3
 CLOSE_WAIT = 2.0
 #: Pause between attempts to delete orphans while the server is away.
 ORPHAN_RETRY = 0.2
+#: The most strays a session remembers (the oldest are forgotten, with a warning, past this).
+MAX_STRAYS = 1000
+#: A stray is looked for again after at most this many refresh intervals.
+_STRAY_SPACING = 1024
 #: The longest a background thread sleeps at once: whatever a server answers, a wait never overflows.
 _MAX_SLEEP = 60.0
 
@@ -91,6 +106,20 @@ def _margin(ttl: float) -> float:
 
 
 @dataclass(eq=False)
+class Stray:
+    """The key of lock ``name`` that a join with ``nonce`` makes, which a late copy of that join may make again.
+
+    ``active`` while a lock still waits on or holds the key; then the cleaner looks for it (see the module).
+    """
+
+    name: str
+    nonce: str
+    active: bool = True
+    checks: int = 0
+    next_check: float = 0.0
+
+
+@dataclass(eq=False)
 class Session:
     """One lease and what hangs on it. ``ttl`` is what was asked (the key among a client's sessions);
     ``lease.ttl`` is what the server granted, which the schedule follows."""
@@ -105,6 +134,9 @@ class Session:
     last_error: str | None = None
     #: A check of the held keys is queued or running (see ``Keeper._check_held``).
     checking: bool = False
+    #: Keys that late copies of this session's joins may make (see :class:`Stray`); a sweep is queued or running.
+    strays: list[Stray] = field(default_factory=list)
+    sweeping: bool = False
 
     @property
     def refresh_interval(self) -> float:
@@ -205,6 +237,31 @@ class Keeper:
             self._orphans.append((ticket, session))
             self._start_cleaner()
             self._work.notify_all()
+
+    def stray(self, session: Session, name: str, nonce: str, *, active: bool = True) -> Stray:
+        """Remember that a late copy of the join of ``name`` with ``nonce`` on ``session`` may make its key again.
+
+        ``active=False``: nobody waits on the key (the join failed); otherwise call :meth:`stray_done` when done.
+        """
+        stray = Stray(name, nonce, active=active, next_check=_clock.now())
+        with self._cond:
+            session.strays.append(stray)
+            if len(session.strays) > MAX_STRAYS:
+                forgotten = session.strays.pop(0)
+                log.warning(
+                    "distlock: more than %d joins of lease %x needed a retry; no longer looking for a late copy of "
+                    "the join of %r",
+                    MAX_STRAYS,
+                    session.lease.id,
+                    forgotten.name,
+                )
+        return stray
+
+    def stray_done(self, stray: Stray) -> None:
+        """The lock is done with the key of ``stray``: from now on a key found there is a late copy's."""
+        with self._cond:
+            stray.active = False
+            stray.next_check = _clock.now()
 
     def declare_lost(self, session: Session, reason: str) -> None:
         """Mark ``session`` lost (once), tell its members, and revoke its lease (on the cleaner thread)."""
@@ -326,6 +383,7 @@ class Keeper:
         session.deadline = sent + remaining - _margin(session.lease.ttl)
         session.next_refresh = sent + session.refresh_interval
         self._check_held(session)
+        self._sweep_strays(session)
 
     def _check_held(self, session: Session) -> None:
         """Queue one check, on the cleaner, that the keys of the locks held on ``session`` still exist.
@@ -357,6 +415,43 @@ class Keeper:
             session.checking = False
         for ticket in gone:
             self._guarded(held[ticket].ticket_gone, ticket)
+
+    def _sweep_strays(self, session: Session) -> None:
+        """Queue, on the cleaner, a look for the strays of ``session`` that are due (see :class:`Stray`)."""
+        now = _clock.now()
+        with self._cond:
+            if session.sweeping:
+                return
+            due = [stray for stray in session.strays if not stray.active and stray.next_check <= now]
+            if not due:
+                return
+            session.sweeping = True
+        self.defer(functools.partial(self._sweep, session, due))
+
+    def _sweep(self, session: Session, due: list[Stray]) -> None:
+        try:
+            for stray in due:
+                if session.lost_reason is not None or self._closed:
+                    return
+                ticket = self._backend.lingering(stray.name, session.lease.id, stray.nonce)
+                if ticket is not None:
+                    log.warning(
+                        "distlock: a late copy of a retried join of lock %r made a key nobody waits on "
+                        "(token %d); removing it",
+                        stray.name,
+                        ticket.revision,
+                    )
+                    self._backend.dequeue(ticket)
+                with self._cond:
+                    stray.checks += 1
+                    spacing = min(2**stray.checks, _STRAY_SPACING)
+                    stray.next_check = _clock.now() + spacing * session.refresh_interval
+        except LeaseGone:
+            self.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
+        except DistlockError as e:
+            log.info("distlock could not look for late joins on lease %x (next refresh will): %s", session.lease.id, e)
+        finally:
+            session.sweeping = False
 
     @staticmethod
     def _guarded(call: Callable[..., object], *args: object) -> None:

@@ -516,16 +516,16 @@ class EtcdBackend:
             ],
             failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key, keys_only=True))],
         )
-        response, _ = self._unary(f"enqueue for lock {name!r}", "Txn", request)
+        response, resent = self._unary(f"enqueue for lock {name!r}", "Txn", request)
         if not response.succeeded:
             # A retry of a put that landed: the key is ours already. Read our place the ordinary way.
             kvs = response.responses[0].response_range.kvs
             if not kvs:
                 raise BackendError(f"enqueue for lock {name!r}: key vanished inside a transaction")
-            ticket = Ticket(name=name, key=key, revision=int(kvs[0].create_revision), lease_id=lease_id)
+            ticket = Ticket(name=name, key=key, revision=int(kvs[0].create_revision), lease_id=lease_id, resent=True)
             return ticket, self.position(ticket)
         revision = int(response.header.revision)
-        ticket = Ticket(name=name, key=key, revision=revision, lease_id=lease_id)
+        ticket = Ticket(name=name, key=key, revision=revision, lease_id=lease_id, resent=resent)
         newest = response.responses[1].response_range
         ahead = [kv for kv in newest.kvs if kv.key != key]
         if not ahead:
@@ -690,6 +690,13 @@ class EtcdBackend:
             return False
         ticket = Ticket(name=name, key=bytes(response.kvs[0].key), revision=token, lease_id=int(response.kvs[0].lease))
         return self.dequeue(ticket)
+
+    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
+        key = self._lock_prefix(name) + f"{lease_id:x}-{nonce}".encode("ascii")
+        response, _ = self._unary(f"look for a late join of lock {name!r}", "Range", etcdrpc.RangeRequest(key=key))
+        if not response.kvs:
+            return None
+        return Ticket(name=name, key=key, revision=int(response.kvs[0].create_revision), lease_id=lease_id)
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One LeaseTimeToLive with keys=True names every key on the lease (waiters' too), whatever the number of

@@ -615,7 +615,7 @@ class RedisBackend:
     def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         keys = self._lock_keys(name)
         member = f"{lease_id:x}-{nonce}".encode("ascii")
-        answer, _ = self._script(
+        answer, attempts = self._script(
             f"enqueue for lock {name!r}",
             ENQUEUE,
             self._own_lease((keys + "q", keys + "token", keys + "owners"), lease_id),
@@ -625,7 +625,7 @@ class RedisBackend:
         gone = LeaseGone(f"enqueue for lock {name!r}: the lease is gone on {self.description}")
         if int(answer[1]) == 3:
             raise gone
-        ticket = Ticket(name=name, key=member, revision=int(answer[0]), lease_id=lease_id)
+        ticket = Ticket(name=name, key=member, revision=int(answer[0]), lease_id=lease_id, resent=attempts > 1)
         with self._mutex:
             # Revoked (or declared lost) while we joined: leave no entry behind.
             revoked = lease_id not in self._lease_ttls
@@ -760,6 +760,14 @@ class RedisBackend:
         keys = self._lock_keys(name)
         answer, attempts = self._script(f"force-release lock {name!r}", FORCE_RELEASE, (keys + "q",), token)
         return answer == 1 or attempts > 1
+
+    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
+        queue = self._lock_keys(name) + "q"
+        member = f"{lease_id:x}-{nonce}".encode("ascii")
+        score, _ = self._request(f"look for a late join of lock {name!r}", queue, "ZSCORE", queue, member)
+        if score is None:
+            return None
+        return Ticket(name=name, key=member, revision=int(float(score)), lease_id=lease_id)
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One script over many queues on one server; a Cluster script may only touch one slot, and each lock's

@@ -1,0 +1,99 @@
+"""A late copy of a join must not leave a key that blocks the lock for as long as its client lives.
+
+A join (``enqueue``) that timed out may still be executed later: a frozen etcd member reads the request when it
+resumes, a paused Redis runs what waits in its socket. If the waiter has released (or given up) by then, the copy
+makes its key again, on the client's live lease, and nobody will ever release it. This was seen on a 3-member etcd
+cluster with the leader frozen for 3 s: every waiter timed out behind such a key for more than 10 s.
+
+These tests replay the late copy by hand (the same join, sent again after the lock is done with it) on a real
+server, and check that the next waiter still gets the lock: the keeper finds the key and removes it. With the sweep
+turned off (``Keeper._sweep_strays`` a no-op) both fail: the other client's acquire times out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import distlock
+
+TTL = 1  # refreshed three times a second: the sweep follows a refresh
+
+
+def _record_joins(client: distlock.Client, monkeypatch: pytest.MonkeyPatch, after: Callable[[Any], Any]) -> list[Any]:
+    """Make ``client``'s joins go through ``after(result)``; return the list their arguments are recorded in."""
+    backend = client._backend
+    real = backend.enqueue
+    calls: list[Any] = []
+
+    def enqueue(*args: Any) -> Any:
+        calls.append(args)
+        return after(real(*args))
+
+    monkeypatch.setattr(backend, "enqueue", enqueue)
+    return calls
+
+
+def test_a_late_copy_of_a_retried_join_after_release_does_not_block_the_next_waiter(
+    client: distlock.Client, backend_url: str, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The join is answered, but "was sent twice" (as after an attempt that timed out on a frozen member).
+    calls = _record_joins(client, monkeypatch, lambda result: (dataclasses.replace(result[0], resent=True), result[1]))
+    lock = client.lock(lock_name, ttl=TTL)
+    assert lock.acquire(timeout=5)
+    token = lock.token
+    lock.release()
+
+    # The first copy arrives now, after the release: it makes the key again.
+    ghost, _ = client._backend.enqueue(*calls[0])
+    assert ghost.revision > token
+    holder = client.holder(lock_name)
+    assert holder is not None and holder.token == ghost.revision
+
+    with distlock.connect(backend_url) as other:
+        waiter = other.lock(lock_name, ttl=TTL)
+        assert waiter.acquire(timeout=10), "the late copy's key still blocks the lock"
+        assert waiter.token > ghost.revision
+        waiter.release()
+
+
+def test_a_join_that_failed_after_landing_does_not_block_the_next_waiter(
+    client: distlock.Client, backend_url: str, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def lost_answer(result: Any) -> Any:
+        raise distlock.BackendUnavailable("simulated: the join landed but its answer never came")
+
+    _record_joins(client, monkeypatch, lost_answer)
+    with pytest.raises(distlock.BackendUnavailable):
+        client.lock(lock_name, ttl=TTL).acquire(timeout=5)
+    holder = client.holder(lock_name)
+    assert holder is not None, "the failed join's key should be there (it landed)"
+
+    # Nobody waits on that key, and the client lives on: only the keeper can remove it.
+    with distlock.connect(backend_url) as other:
+        waiter = other.lock(lock_name, ttl=TTL)
+        assert waiter.acquire(timeout=10), "the failed join's key still blocks the lock"
+        assert waiter.token > holder.token
+        waiter.release()
+
+
+def test_a_join_answered_at_once_is_never_looked_for(
+    client: distlock.Client, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked: list[str] = []
+    real = client._backend.lingering
+
+    def lingering(name: str, lease_id: int, nonce: str) -> Any:
+        looked.append(name)
+        return real(name, lease_id, nonce)
+
+    monkeypatch.setattr(client._backend, "lingering", lingering)
+    for _ in range(3):
+        with client.lock(lock_name, ttl=TTL):
+            pass
+    session = client._keeper.session(TTL)
+    assert session.strays == []
+    assert looked == []
