@@ -1,10 +1,9 @@
 """The lock inspector: every held lock, its queued waiters, tokens and lease time left, read live from the service.
 
-Shown by a staff-only admin page (``distlock_django.urls``, e.g. ``path("admin/distlock/", include(...))``) and by
-``manage.py distlock``. Holders and waiters appear by their opaque owner id (a random nonce, or the Celery task id),
-never by anything secret. What can go wrong: the lock service is unreachable, or (``ConfigurationError``) bad
-settings or a backend that cannot list its locks — any ``DistlockError``: the page says so (status 503) and the
-command exits non-zero with the error.
+Shown by the admin's lock page (``views.py``, at ``admin/distlock/``) and by ``manage.py distlock``. Holders and
+waiters appear by their opaque owner id (a random nonce, or the Celery task id), never by anything secret. What can
+go wrong: the lock service is unreachable, or (``ConfigurationError``) bad settings or a backend that cannot list
+its locks — any ``DistlockError``: the page says so (status 503) and the command exits non-zero with the error.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import distlock
 from ._client import get_client
 from ._conf import conf
 
-__all__ = ["LockRow", "lock_table"]
+__all__ = ["LockRow", "describe", "find_locks", "lock_table"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,21 @@ def lock_table(prefix: str | None = None) -> list[LockRow]:
         for position, waiter in enumerate((state.holder, *state.waiters)):
             rows.append(LockRow(state.name, position, waiter.owner, waiter.token, waiter.ttl_left))
     return rows
+
+
+def find_locks(search: str = "") -> list[distlock.LockState]:
+    """This project's locks (names under ``DISTLOCK["KEY_PREFIX"]``) whose name starts with ``search``, by name.
+
+    ``search`` may be given with or without the key prefix: with ``KEY_PREFIX = "shop:"``, both ``order:`` and
+    ``shop:order:`` find ``shop:order:42``.
+    """
+    key_prefix: str = conf()["KEY_PREFIX"]
+    return [
+        state
+        for state in get_client().inspect()
+        if state.name.startswith(key_prefix)
+        and (state.name.startswith(search) or state.name[len(key_prefix) :].startswith(search))
+    ]
 
 
 def describe(error: distlock.DistlockError) -> str:
