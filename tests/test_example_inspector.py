@@ -1,26 +1,24 @@
-"""The lock inspector in a real headless browser: Debian's chromium, driven by Selenium through Debian's chromedriver.
+"""The lock inspector in a real headless browser (``_browser.py``: Debian's chromium, Selenium, chromedriver).
 
 The example bank's site runs as in the demo (``manage.py runserver`` on the session's etcd, SQLite in a temp dir);
 this test process holds the lock of an account and a second client of it waits for the same lock. A staff user
 logs in through the admin's login form; the account list must show each row's ``fence_token`` beside its lock's
-holder and waiter, and the inspector page (``admin/distlock/``) the same lock. The browser is a missing server like
-any other: without it the test fails (``bash scripts/servers.sh`` installs it), it never skips.
+holder and waiter, and the admin's lock page (``admin/distlock/``) the same lock with its holder, one waiter and the
+force-release button (the staff user is a superuser).
 
 Set ``DISTLOCK_SCREENSHOTS`` to a directory (e.g. ``docs``) to save the two pages there as PNG files.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _browser import browser, rows, save  # noqa: F401
 from _support import wait_until
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -30,8 +28,6 @@ import distlock
 from scripts import demo
 
 PASSWORD = "inspector-test-password"
-CHROMIUM = os.environ.get("DISTLOCK_CHROMIUM_BIN", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("DISTLOCK_CHROMEDRIVER_BIN", "/usr/bin/chromedriver")
 
 
 @pytest.fixture
@@ -47,52 +43,10 @@ def site(etcd_url: str, tmp_path: Path) -> Iterator[demo.Site]:
         processes.stop_all()
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
-    if missing:
-        pytest.fail(
-            f"no headless browser: {', '.join(missing)} missing. Run `bash scripts/servers.sh` (as root it installs "
-            "Debian's chromium and chromium-driver), or set DISTLOCK_CHROMIUM_BIN and DISTLOCK_CHROMEDRIVER_BIN"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # we run as root
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--no-default-browser-check",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1280,820",
-    ):
-        options.add_argument(argument)
-    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(options=options, service=service)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def _rows(browser: WebDriver, table_id: str) -> list[list[str]]:
-    rows = browser.find_elements(By.CSS_SELECTOR, f"#{table_id} tbody tr")
-    return [[cell.text for cell in row.find_elements(By.CSS_SELECTOR, "th, td")] for row in rows]
-
-
-def _save(browser: WebDriver, tmp_path: Path, name: str) -> None:
-    browser.save_screenshot(str(tmp_path / name))
-    directory = os.environ.get("DISTLOCK_SCREENSHOTS")
-    if directory:
-        browser.save_screenshot(str(Path(directory) / name))
-
-
 def test_the_inspector_shows_a_held_lock_and_its_waiter_beside_the_fenced_rows(
-    site: demo.Site, browser: WebDriver, tmp_path: Path
+    site: demo.Site,
+    browser: WebDriver,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     deposit = demo.request(site.port, "POST", "/api/accounts/1/deposit", {"amount": 25})
     assert deposit.status == 200, deposit.body
@@ -116,7 +70,7 @@ def test_the_inspector_shows_a_held_lock_and_its_waiter_beside_the_fenced_rows(
             browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
             WebDriverWait(browser, 20).until(expected_conditions.presence_of_element_located((By.ID, "account-locks")))
 
-            accounts = {row[0]: row for row in _rows(browser, "result_list")}
+            accounts = {row[0]: row for row in rows(browser, "result_list")}
             assert set(accounts) == {"1", "2", "3"}
             header = [th.text.lower() for th in browser.find_elements(By.CSS_SELECTOR, "#result_list thead th")]
             fence_column = header.index("fence token")
@@ -126,18 +80,18 @@ def test_the_inspector_shows_a_held_lock_and_its_waiter_beside_the_fenced_rows(
             assert accounts["2"][fence_column] == "0"
             assert accounts["2"][lock_column] == f"held by token {holder.token}, 1 waiting"
 
-            locks = _rows(browser, "account-locks")
+            locks = rows(browser, "account-locks")
             assert [row[:3] for row in locks][:1] == [["account:2", "holder", str(holder.token)]]
             assert [row[:2] for row in locks[1:]] == [["account:2", "waiter 1"]]
             assert int(locks[1][2]) > holder.token  # a waiter's key is newer: its token will be larger
             assert all(row[4] and PASSWORD not in row[4] for row in locks)  # an opaque owner id, nothing secret
-            _save(browser, tmp_path, "example-accounts-and-locks.png")
+            save(browser, tmp_path, "example-accounts-and-locks.png")
 
             browser.get(site.url("/admin/distlock/"))
-            inspector = [row[:3] for row in _rows(browser, "distlock-locks")]
-            assert inspector[0] == ["account:2", "holder", str(holder.token)]
-            assert inspector[1][:2] == ["account:2", "waiter 1"]
-            _save(browser, tmp_path, "lock-inspector.png")
+            inspector = rows(browser, "distlock-locks")
+            assert [row[:4] for row in inspector] == [["account:2", locks[0][4], "1", str(holder.token)]]
+            assert inspector[0][5] == "Force release…"
+            save(browser, tmp_path, "lock-inspector.png")
         finally:
             holder.release()
             waiting.join(30)

@@ -3,6 +3,8 @@
 ``{"op": "lock_and_read", "pk": N, "ttl": S, "claim": bool}`` → ``{"token": T, "balance": B}``: acquire the row's lock
 and read it, claiming it first (``.fenced()``) or not (a write-only guard).
 ``{"op": "write"}`` → ``{"ok": true}`` or ``{"error": "StaleFenceToken", ...}``: add 1 to what was read and save.
+``{"op": "lost"}`` → ``{"lost": bool}``: whether the lock taken by ``lock_and_read`` is known to be lost.
+``lock_and_read`` waits up to ``"timeout"`` seconds (default 30) for the lock.
 """
 
 from __future__ import annotations
@@ -27,13 +29,16 @@ from distlock_django import get_client, lock_name  # noqa: E402
 
 def main() -> None:
     account: Account | None = None
+    lock: distlock.Lock | None = None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         command: dict[str, Any] = json.loads(line)
         answer: dict[str, Any]
         try:
             if command["op"] == "lock_and_read":
-                lock = get_client().lock(lock_name(f"account:{command['pk']}"), ttl=command["ttl"], timeout=30)
+                lock = get_client().lock(
+                    lock_name(f"account:{command['pk']}"), ttl=command["ttl"], timeout=command.get("timeout", 30)
+                )
                 lock.acquire()
                 rows = Account.objects.filter(pk=command["pk"])
                 account = (rows.fenced() if command["claim"] else rows).get()
@@ -43,6 +48,9 @@ def main() -> None:
                 account.balance += 1
                 account.save()
                 answer = {"ok": True}
+            elif command["op"] == "lost":
+                assert lock is not None
+                answer = {"lost": lock.lost}
             else:
                 break
         except distlock.DistlockError as e:
