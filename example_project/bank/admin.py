@@ -1,8 +1,8 @@
 """The admin: accounts with their ``fence_token`` beside the live state of their locks (read from etcd).
 
 The account list shows, for each row, the token of the last lock holder that wrote it and who holds its lock now;
-under the list, every account lock with its holder and queued waiters (the same rows as the lock inspector at
-``admin/distlock/``). Accounts are read-only here: an edit from the admin would be a write outside the account's
+under the list, every account lock with its holder and each queued waiter (the lock page at ``admin/distlock/``
+shows every lock, one row each, and can force-release a holder). Accounts are read-only here: an edit from the admin would be a write outside the account's
 lock.
 """
 
