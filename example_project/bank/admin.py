@@ -2,8 +2,8 @@
 
 The account list shows, for each row, the token of the last lock holder that wrote it and who holds its lock now;
 under the list, every account lock with its holder and each queued waiter (the lock page at ``admin/distlock/``
-shows every lock, one row each, and can force-release a holder). Accounts are read-only here: an edit from the admin would be a write outside the account's
-lock.
+shows every lock, one row each, and can force-release a holder). Accounts are read-only here: an edit from the admin
+would be a write outside the account's lock.
 """
 
 from __future__ import annotations
