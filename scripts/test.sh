@@ -8,8 +8,12 @@
 # line is its; the script fails if the matrix or the suite failed.
 source "$(dirname "$0")/bootstrap.sh"
 source "$(dirname "$0")/servers.sh"  # redis-server and PostgreSQL for the fixtures (apt-get as root)
-echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
-echo "== mypy --strict" && .venv/bin/mypy
+# One command per line: under `set -e` a failure inside an `a && b` list (other than its last command) goes unnoticed.
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy --strict"
+.venv/bin/mypy
 matrix=0
 if [ "$#" = 0 ]; then
   echo "== version matrix (tox)"
