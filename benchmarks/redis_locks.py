@@ -170,14 +170,25 @@ class RedisUnderTest(ServerUnderTest):
             return str(client.info("server")["redis_version"])
 
     def remove_leftovers(self) -> int:
-        """Delete and count this run's keys still on the server: distlock leases and queues, the others' lock
-        keys and signal lists (all but distlock's token counters, which are kept by design)."""
+        """Delete and count this run's keys still on the server: distlock leases, queues with waiters and wake
+        lists, the others' lock keys and signal lists (all but distlock's last tokens, kept by design: a queue
+        holding only its ``~token`` member, or an earlier version's ``:token`` counter)."""
         with redis.Redis.from_url(self.url) as client:
             keys = [bytes(k) for k in client.scan_iter(count=1000)]
-            left = [k for k in keys if (self.run_id.encode() in k and not k.endswith(b":token")) or b":lease:" in k]
+            left = [
+                k
+                for k in keys
+                if (self.run_id.encode() in k and not k.endswith(b":token") and not _only_the_token(client, k))
+                or b":lease:" in k
+            ]
             if left:
                 client.delete(*left)
         return len(left)
+
+
+def _only_the_token(client: redis.Redis, key: bytes) -> bool:
+    """A distlock queue holding nothing but its last token (the member ``~token``)."""
+    return key.endswith(b":q") and client.zrange(key, 0, -1) == [b"~token"]
 
 
 # --- report ------------------------------------------------------------------------------------------------

@@ -3,19 +3,26 @@
 Keys of lock ``N`` (``E`` is the name escaped by ``_names.escape_name``, braces included), all with the hash tag
 ``{E}`` so that every script touches one Redis Cluster slot::
 
-    <prefix>:{E}:q          sorted set: the FIFO queue, member "<lease hex>-<nonce>", score = its fencing token
-    <prefix>:{E}:token      the token counter: never expires
-    <prefix>:{E}:owners     hash member -> owner record: the owner id ``holder()`` reports, host and pid
-    <prefix>:{E}:wake:<m>   list: the wake-up call of waiter <m>, pushed when the waiter just ahead leaves
-    <prefix>:lease:<hex>    a client's session lease: a plain key with a PX expiry, refreshed by the keeper
+    <prefix>:{E}:q          sorted set: the FIFO queue, member "<lease hex>-<nonce>", score = its fencing token,
+                            and the member "~token" whose score is the last token handed out: never expires
+    <prefix>:{E}:owners     hash member -> owner record, for waiters given an owner (the id ``holder()`` reports)
+    <prefix>:{E}:wake:<m>   list: the wake-up calls of waiter <m>, pushed when the waiter just ahead leaves
+    <prefix>:lease:<hex>    a client's session lease: a plain key with a PX expiry, refreshed by the keeper; its
+                            value names the host and pid of the process that holds it
+    <prefix>:{E}:token      the token counter of earlier versions: read once, when a queue has no "~token" yet
 
-Joining the queue is one script: it takes a token ``max(counter + 1, server time in µs)`` (``INCR`` the counter,
-raised to the clock when the clock is ahead), adds the waiter with the token as its score and answers where it
-stands. The member with the smallest score holds the lock. New tokens are larger than every earlier one, so
-the queue is in arrival order and a holder's token is larger than every earlier holder's. The clock floor is
-why tokens keep increasing when the counter itself goes back: a Redis restarted without its append-only file,
-or a replica promoted before it had the last ``INCR``, still hands out the current time (see docs/GUARANTEES.md
-for what remains: a server clock that steps back).
+A waiter without an owner has its nonce as its id, and its host and pid are its lease key's: it stores no record.
+
+Joining the queue is one script: it takes a token ``max(last token + 1, server time in µs)``, adds the waiter with
+the token as its score and moves ``~token`` to the same score in one ``ZADD`` (``~`` sorts after the hex digits of
+a member: ``~token`` is always last), and answers where the waiter stands, reading the last two members to learn
+both the last token and the waiter it joins behind. The member with the smallest score holds the lock. New tokens
+are larger than every earlier one, so the queue is in arrival order and a holder's token is larger than every
+earlier holder's. The clock floor is why tokens keep increasing when the last token itself goes back: a Redis
+restarted without its append-only file, or a replica promoted before it had the last join, still hands out the
+current time (see docs/GUARANTEES.md for what remains: a server clock that steps back). A first attempt joins
+without looking for its member (a fresh nonce cannot be there); a retried one looks first, so joining is
+idempotent.
 
 Liveness is the lease key, one per client and TTL: a queue entry whose lease key is gone is dead, and a dead
 lease never comes back (keys are made with ``SET NX`` from 63 random bits, and refreshed with ``PEXPIRE``, which
@@ -25,28 +32,37 @@ was granted; the session keeper never asks for less than a second (below that a 
 Redis cannot delete the entries of an expired key itself, so
 
 - a waiter waits for the one just ahead with ``BLPOP`` on its own wake list, for at most the ahead's lease's
-  ``PTTL``; when that runs out it finds the lease gone and removes the dead entry (the removal script, without a
-  token check: a dead lease never comes back), so a crashed holder frees the lock within its TTL and a dead waiter
-  cannot block the queue;
+  ``PTTL``; when that runs out it finds the lease gone and removes the dead entry (without a token check: a dead
+  lease never comes back), so a crashed holder frees the lock within its TTL and a dead waiter cannot block the
+  queue;
 - every removal (release, give-up, eviction, an operator's force release) pushes one wake-up to the waiter just
   behind: a release wakes one waiter, never a herd, and the wake-up waits in its list if that waiter is not blocked
-  yet (no lost wake-up);
+  yet (no lost wake-up). When the head leaves, the wake-up says "you hold the lock" (``h``, pushed to the front),
+  and the waiter holds it when it pops that, without reading the queue again: the list is deleted with its entry,
+  and nobody gets ahead of a head, so a popped ``h`` was true when popped. Any other removal says "look again";
 - revoking a lease (closing the client, losing a session) deletes the lease key and then the entries this
   process still has on it, so their successors do not wait out the TTL.
 
-On one server the joining and queue-reading scripts also check the caller's own lease key (passed as a key), so
-an entry whose lease vanished behind its client's back (deleted by hand, a server clock jump) never holds the
-lock. A Cluster script may only touch its lock's slot; there the client checks its lease with ``EXISTS`` before
-it calls itself the holder, one more request per acquisition. The lease of the waiter ahead is checked with
-``PTTL`` outside the scripts either way.
+On one server the scripts also read lease keys (Redis lets a script outside a Cluster read keys it was not given;
+the lease keys are named from the members): joining and reading the queue check the caller's own lease (passed as
+a key), so an entry whose lease vanished behind its client's back (deleted by hand, a server clock jump) never
+holds the lock; they answer the ``PTTL`` of the lease of the waiter ahead, and remove that waiter at once if its
+lease is gone; and a release hands the lock only to a waiter whose lease exists, removing dead ones on the way. A
+Cluster script may only touch its lock's slot: there the client checks its own lease with ``EXISTS`` before it
+calls itself the holder and the lease ahead with ``PTTL`` before it waits, a request each.
+
+An uncontended acquire + release is two scripts and eight commands on one server (the join: ``EXISTS``, ``TIME``,
+``ZRANGE``, ``ZADD``; the release: ``ZRANGE``, ``ZREM``); a removal skips the owner record and the wake list
+when the client knows there is none.
 
 What can go wrong: Redis can be unreachable, restarting (``LOADING``), paused, or failing over (``READONLY``,
-``MOVED``). Every request is idempotent (joining checks the member first; removals check the member, and its token
-when they know it), so these are retried with backoff until the request timeout, then ``BackendUnavailable`` names
-the server. A removal whose first attempt may have landed is reported as done. A blocked ``BLPOP`` never outlives
-its timeout plus the request timeout, and an :class:`~distlock._protocol.Interrupt` shuts its socket down at once.
-Lease expiry follows the Redis server's clock, and failover or a restart without an fsynced append-only file
-can lose recent writes: the lock alone is then not exclusive; the fencing token still is, unless the server
+``MOVED``). Every request is idempotent (a join sent again looks for its member first; removals check the member,
+and its token when they know it), so these are retried with backoff until the request timeout, then
+``BackendUnavailable`` names the server. A removal whose first attempt may have landed is reported as done. A
+blocked ``BLPOP`` never outlives its timeout plus the request timeout, and an
+:class:`~distlock._protocol.Interrupt` shuts its socket down at once. Lease expiry follows the Redis server's
+clock, and failover or a restart without an fsynced append-only file can lose recent writes: the lock alone is
+then not exclusive; the fencing token still is, unless the server
 clock stepped back (docs/GUARANTEES.md).
 """
 
@@ -60,6 +76,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .. import _clock
@@ -88,6 +105,10 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
 
 __all__ = ["RedisBackend", "RedisCluster", "RedisServer", "RedisTarget"]
 
+#: The queue's last member, never a waiter (members are ``<lease hex>-<nonce>``): its score is the last token
+#: handed out, so the queue is the token counter too. It sorts after a waiter of equal score (``~`` after hex digits).
+_LAST = "~token"
+_LAST_BYTES = _LAST.encode()
 #: How long a wake-up waits in its list for a waiter that is not blocked yet (one that is later re-reads anyway).
 _WAKE_TTL_MS = 600_000
 #: Redis expires a key at its millisecond deadline; wake a little after it so the lease check sees it gone.
@@ -125,100 +146,153 @@ def _retryable(error: Exception) -> bool:
 # hold them exactly; they are formatted with %.0f wherever they become a string, and returned as numbers.
 
 _LUA_HELPERS = """
+local LAST = 'LAST_MEMBER'
 local function fmt(n) return string.format('%.0f', n) end
-local function place(q, member, t)
-  local ahead = redis.call('ZREVRANGEBYSCORE', q, '(' .. fmt(t), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  if #ahead == 0 then return {t, 1} end
-  return {t, 0, ahead[1], tonumber(ahead[2]), redis.call('ZRANK', q, member)}
-end
-local function remove(q, member, t)
-  local base = string.sub(q, 1, -2)
-  local wake = base .. 'wake:'
-  local behind = redis.call('ZRANGEBYSCORE', q, '(' .. fmt(t), '+inf', 'LIMIT', 0, 1)
+local function base_of(q) return string.sub(q, 1, -2) end
+local function lease_key(prefix, member) return prefix .. string.match(member, '^[^-]*') end
+-- Take an entry out with, when asked, its owner record and its wake-up list: nobody is woken.
+local function drop(q, member, owner, wake)
   redis.call('ZREM', q, member)
-  redis.call('HDEL', base .. 'owners', member)
-  redis.call('DEL', wake .. member)
-  if #behind > 0 then
-    local key = wake .. behind[1]
-    redis.call('DEL', key)
-    redis.call('RPUSH', key, '1')
-    redis.call('PEXPIRE', key, WAKE_TTL_MS)
+  if owner then redis.call('HDEL', base_of(q) .. 'owners', member) end
+  if wake then redis.call('DEL', base_of(q) .. 'wake:' .. member) end
+end
+-- Wake a waiter: 'h' (you hold the lock) goes first, '1' (look again) last; the list dies with its entry.
+local function notify(q, member, news)
+  local key = base_of(q) .. 'wake:' .. member
+  if news == 'h' then redis.call('LPUSH', key, news) else redis.call('RPUSH', key, news) end
+  redis.call('PEXPIRE', key, WAKE_TTL_MS)
+end
+-- The head left: tell the next waiter it holds the lock, after checking its lease where the script may read it
+-- (prefix ''  on a Cluster); waiters whose lease is gone are taken out on the way.
+local function hand_over(q, nxt, prefix)
+  for i = 1, 16 do
+    if not nxt or nxt == LAST then return end
+    if prefix == '' or redis.call('EXISTS', lease_key(prefix, nxt)) == 1 then
+      notify(q, nxt, 'h')
+      return
+    end
+    drop(q, nxt, true, true)
+    nxt = redis.call('ZRANGE', q, 0, 0)[1]
+  end
+  if nxt and nxt ~= LAST then notify(q, nxt, '1') end
+end
+-- Remove member (only at token t, when t is given) and wake the waiter behind it. 1 if removed.
+local function remove(q, member, t, owner, wake, prefix)
+  local first = redis.call('ZRANGE', q, 0, 1, 'WITHSCORES')
+  if first[1] == member then
+    if t and tonumber(first[2]) ~= t then return 0 end
+    drop(q, member, owner, wake)
+    hand_over(q, first[3], prefix)
+    return 1
+  end
+  local score = redis.call('ZSCORE', q, member)
+  if not score or (t and tonumber(score) ~= t) then return 0 end
+  local behind = redis.call('ZRANGEBYSCORE', q, '(' .. fmt(tonumber(score)), '+inf', 'LIMIT', 0, 1)
+  drop(q, member, owner, wake)
+  if behind[1] and behind[1] ~= LAST then notify(q, behind[1], '1') end
+  return 1
+end
+-- Where the entry at token t stands: {t, 1} at the head, else {t, 0, member ahead, PTTL of its lease} (-3: not
+-- read, on a Cluster). A waiter ahead whose lease is gone is taken out first (nobody to wake: we are behind it).
+local function place(q, t, prefix, ahead)
+  for i = 1, 16 do
+    if not ahead then
+      ahead = redis.call('ZREVRANGEBYSCORE', q, '(' .. fmt(t), '-inf', 'LIMIT', 0, 1)[1]
+      if not ahead then return {t, 1} end
+    end
+    if prefix == '' then return {t, 0, ahead, -3} end
+    local pttl = redis.call('PTTL', lease_key(prefix, ahead))
+    if pttl ~= -2 or i == 16 then return {t, 0, ahead, pttl} end
+    drop(q, ahead, true, true)
+    ahead = nil
   end
 end
-""".replace("WAKE_TTL_MS", str(_WAKE_TTL_MS))
+""".replace("WAKE_TTL_MS", str(_WAKE_TTL_MS)).replace("LAST_MEMBER", _LAST)
 
-# KEYS: queue, counter, owners[, lease]. ARGV: member, owner record. Answers {token, 1} (head), {token, 0,
-# member ahead, its token, entries ahead}, or {0, 3} when the lease key is gone. Joining twice with one member
-# answers the first place.
+# KEYS: queue, legacy counter, owners[, lease]. ARGV: member, owner record ('' to store none), '1' when this join
+# may have been sent before ('' on a first attempt: the member cannot exist yet), lease key prefix ('' on a
+# Cluster). Answers {token, 1} (head), {token, 0, member ahead, PTTL of its lease}, or {0, 3} when our lease key is
+# gone. Joining twice with one member answers the first place.
 _ENQUEUE = (
     _LUA_HELPERS
     + """
-local q, member = KEYS[1], ARGV[1]
-local score = redis.call('ZSCORE', q, member)
+local q, member, prefix = KEYS[1], ARGV[1], ARGV[4]
+local again = ARGV[3] ~= ''
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then
-  if score then remove(q, member, tonumber(score)) end
+  if again then remove(q, member, nil, true, true, prefix) end
   return {0, 3}
 end
-local t
-if score then
-  t = tonumber(score)
-else
-  local now = redis.call('TIME')
-  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  t = redis.call('INCR', KEYS[2])
-  if t < floor then
-    t = floor
-    redis.call('SET', KEYS[2], fmt(t))
-  end
-  redis.call('ZADD', q, fmt(t), member)
-  redis.call('HSET', KEYS[3], member, ARGV[2])
+if again then
+  local score = redis.call('ZSCORE', q, member)
+  if score then return place(q, tonumber(score), prefix, nil) end
 end
-return place(q, member, t)
+local now = redis.call('TIME')
+local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local counted, ahead = false, nil
+local tail = redis.call('ZRANGE', q, -2, -1, 'WITHSCORES')
+for i = 1, #tail, 2 do
+  if tail[i] == LAST then counted = true else ahead = tail[i] end
+  local s = tonumber(tail[i + 1])
+  if s >= t then t = s + 1 end
+end
+if not counted then
+  local legacy = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if legacy >= t then t = legacy + 1 end
+end
+redis.call('ZADD', q, fmt(t), member, fmt(t), LAST)
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[3], member, ARGV[2]) end
+if not ahead then return {t, 1} end
+return place(q, t, prefix, ahead)
 """
 )
 
-# KEYS: queue[, lease]. ARGV: member, token. Answers like _ENQUEUE, or {0, 2} when the entry is gone (or its
-# lease is: then the entry is removed).
+# KEYS: queue[, lease]. ARGV: member, token, lease key prefix. Answers like _ENQUEUE, or {0, 2} when the entry is
+# gone (or its lease is: then the entry is removed).
 _POSITION = (
     _LUA_HELPERS
     + """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) ~= tonumber(ARGV[2]) then return {0, 2} end
+local q, member, t = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local score = redis.call('ZSCORE', q, member)
+if not score or tonumber(score) ~= t then return {0, 2} end
 if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 0 then
-  remove(KEYS[1], ARGV[1], tonumber(score))
+  remove(q, member, t, true, true, ARGV[3])
   return {0, 2}
 end
-return place(KEYS[1], ARGV[1], tonumber(score))
+return place(q, t, ARGV[3], nil)
 """
 )
 
-# KEYS: queue. ARGV: member, token (or '' for any). 1 if removed.
+# KEYS: queue. ARGV: member, token (or '' for any), '1' to delete its owner record, '1' to delete its wake-up list,
+# lease key prefix. 1 if removed.
 _REMOVE = (
     _LUA_HELPERS
     + """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or (ARGV[2] ~= '' and tonumber(score) ~= tonumber(ARGV[2])) then return 0 end
-remove(KEYS[1], ARGV[1], tonumber(score))
-return 1
+local t = nil
+if ARGV[2] ~= '' then t = tonumber(ARGV[2]) end
+return remove(KEYS[1], ARGV[1], t, ARGV[3] ~= '', ARGV[4] ~= '', ARGV[5])
 """
 )
 
 # KEYS: queue, owners. Answers {} or {member, token, entries, owner record}.
-_HEAD = """
+_HEAD = (
+    _LUA_HELPERS
+    + """
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #head == 0 then return {} end
-return {head[1], tonumber(head[2]), redis.call('ZCARD', KEYS[1]), redis.call('HGET', KEYS[2], head[1]) or ''}
+if #head == 0 or head[1] == LAST then return {} end
+local entries = redis.call('ZCARD', KEYS[1])
+if redis.call('ZSCORE', KEYS[1], LAST) then entries = entries - 1 end
+return {head[1], tonumber(head[2]), entries, redis.call('HGET', KEYS[2], head[1]) or ''}
 """
+)
 
-
-# KEYS: queue. ARGV: token. 1 if the head had that token and was removed (waking the waiter behind it).
+# KEYS: queue. ARGV: token, lease key prefix. 1 if the head had that token and was removed (waking the waiter
+# behind it).
 _FORCE_RELEASE = (
     _LUA_HELPERS
     + """
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #head == 0 or tonumber(head[2]) ~= tonumber(ARGV[1]) then return 0 end
-remove(KEYS[1], head[1], tonumber(head[2]))
-return 1
+if #head == 0 or head[1] == LAST or tonumber(head[2]) ~= tonumber(ARGV[1]) then return 0 end
+return remove(KEYS[1], head[1], tonumber(head[2]), true, true, ARGV[2])
 """
 )
 
@@ -460,6 +534,8 @@ class RedisBackend:
         self._lease_ttls: dict[int, float] = {}
         # Entries this process has in queues, by lease: revoking a lease removes them (Redis cannot do it).
         self._tickets: dict[int, dict[bytes, Ticket]] = {}
+        # Tickets whose wait popped a hand-over ("h"): their next position() is the head without a read.
+        self._handed_over: dict[bytes, Ticket] = {}
         self._errors = ErrorTable(
             description=self.description,
             retryable=_retryable,
@@ -500,14 +576,23 @@ class RedisBackend:
         finally:
             pool.put(connection, failed=failed)
 
-    def _request(self, what: str, key: str | _Pool, *args: Any, budget: float | None = None) -> tuple[Any, int]:
+    def _request(
+        self,
+        what: str,
+        key: str | _Pool,
+        *args: Any,
+        budget: float | None = None,
+        again: tuple[Any, ...] | None = None,
+    ) -> tuple[Any, int]:
         """Send one command for ``key`` (or to one server's pool), retrying what may be retried; return the answer
-        and the attempts made."""
+        and the attempts made. ``again``, when given, is the command sent on attempts after the first."""
         budget = self.request_timeout if budget is None else budget
         fast = budget >= self._socket_timeout
         return retrying(
             what,
-            lambda attempt: self._once(key, args, attempt, fast and attempt.number == 1),
+            lambda attempt: self._once(
+                key, args if again is None or attempt.number == 1 else again, attempt, fast and attempt.number == 1
+            ),
             _clock.now() + budget,
             self._errors,
         )
@@ -530,12 +615,18 @@ class RedisBackend:
             return BackendError(f"{what} failed on {self.description}: {type(error).__name__}: {error}")
         return None
 
-    def _script(self, what: str, script: _Script, keys: tuple[str, ...], *args: Any) -> tuple[Any, int]:
+    def _script(
+        self, what: str, script: _Script, keys: tuple[str, ...], *args: Any, again: tuple[Any, ...] | None = None
+    ) -> tuple[Any, int]:
+        """Run ``script``; ``again``, when given, are the arguments of every call after the first."""
+        head = (len(keys), *keys)
+        retried = None if again is None else ("EVALSHA", script.sha, *head, *again)
         try:
-            return self._request(what, keys[0], "EVALSHA", script.sha, len(keys), *keys, *args)
+            return self._request(what, keys[0], "EVALSHA", script.sha, *head, *args, again=retried)
         except redis.exceptions.NoScriptError:
-            # Not cached (a new or restarted server): EVAL sends the source and caches it.
-            return self._request(what, keys[0], "EVAL", script.source, len(keys), *keys, *args)
+            # Not cached (a new or restarted server): EVAL sends the source and caches it. An EVALSHA before it
+            # may have been retried, so this is an "again" call.
+            return self._request(what, keys[0], "EVAL", script.source, *head, *(args if again is None else again))
 
     # -- Backend protocol -------------------------------------------------------------------------------------
 
@@ -597,6 +688,12 @@ class RedisBackend:
         """``keys`` plus our lease key, for scripts that check it themselves (one server: any keys go)."""
         return keys if self._target.one_slot_per_script else (*keys, self._lease_key(lease_id))
 
+    @property
+    def _lease_prefix(self) -> str:
+        """What the scripts put before a member's lease hex to read its lease key; '' on a Cluster, where they may
+        not (another slot)."""
+        return "" if self._target.one_slot_per_script else f"{self._prefix}:lease:"
+
     def _lease_lost_behind_our_back(self, ticket: Ticket, position: Position) -> bool:
         """On a Cluster the scripts cannot see our lease: check it before we call ourselves the holder.
 
@@ -615,23 +712,39 @@ class RedisBackend:
     def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         keys = self._lock_keys(name)
         member = f"{lease_id:x}-{nonce}".encode("ascii")
+        # A waiter's id is its nonce unless it was given an owner, and the host and pid are in its lease key's
+        # value: only a given owner needs a record of its own.
+        record = b"" if owner == owner_record(nonce) else owner
+        prefix = self._lease_prefix
         answer, attempts = self._script(
             f"enqueue for lock {name!r}",
             ENQUEUE,
             self._own_lease((keys + "q", keys + "token", keys + "owners"), lease_id),
             member,
-            owner,
+            record,
+            "",
+            prefix,
+            again=(member, record, "1", prefix),
         )
         gone = LeaseGone(f"enqueue for lock {name!r}: the lease is gone on {self.description}")
         if int(answer[1]) == 3:
             raise gone
-        ticket = Ticket(name=name, key=member, revision=int(answer[0]), lease_id=lease_id, resent=attempts > 1)
+        position = _position(answer)
+        ticket = _Entry(
+            name=name,
+            key=member,
+            revision=int(answer[0]),
+            lease_id=lease_id,
+            resent=attempts > 1,
+            owner_stored=bool(record),
+            # Nobody is ahead of an entry that joined at the head, so nobody ever wakes it.
+            woken=attempts > 1 or not position.held,
+        )
         with self._mutex:
             # Revoked (or declared lost) while we joined: leave no entry behind.
             revoked = lease_id not in self._lease_ttls
             if not revoked:
                 self._tickets.setdefault(lease_id, {})[member] = ticket
-        position = _position(answer)
         if revoked:
             self._remove(ticket, check_token=True)
             raise gone
@@ -640,15 +753,21 @@ class RedisBackend:
         return ticket, position
 
     def position(self, ticket: Ticket) -> Position:
-        keys = self._lock_keys(ticket.name)
-        answer, _ = self._script(
-            f"read queue of lock {ticket.name!r}",
-            POSITION,
-            self._own_lease((keys + "q",), ticket.lease_id),
-            ticket.key,
-            ticket.revision,
-        )
-        position = _position(answer)
+        if self._handed_over.pop(ticket.key, None) == ticket:
+            # The waiter ahead released and its script made us the head (after checking our lease on one server):
+            # nothing to read. The hand-over's list dies with our entry, so a popped "h" was true when popped.
+            position = _HELD
+        else:
+            keys = self._lock_keys(ticket.name)
+            answer, _ = self._script(
+                f"read queue of lock {ticket.name!r}",
+                POSITION,
+                self._own_lease((keys + "q",), ticket.lease_id),
+                ticket.key,
+                ticket.revision,
+                self._lease_prefix,
+            )
+            position = _position(answer)
         if self._lease_lost_behind_our_back(ticket, position):
             return Position(held=False, gone=True)
         return position
@@ -659,20 +778,24 @@ class RedisBackend:
         # Every wait ends within our own TTL at the latest: an entry ahead removed by hand (no wake-up) costs
         # one TTL, not a hang.
         limit = min(math.inf if timeout is None else timeout, self._lease_ttls.get(ticket.lease_id, 1.0))
-        ahead_lease = _lease_of(position.ahead)
-        if ahead_lease != ticket.lease_id:
+        # On one server the script that placed us read the lease of the waiter ahead; on a Cluster it could not.
+        pttl = position.ahead_ttl_ms if isinstance(position, _Place) else _NOT_READ
+        if pttl == _NOT_READ and _lease_of(position.ahead) != ticket.lease_id:
             # Our own lease is the keeper's business; another client's may have expired with nobody to say so.
-            key = self._lease_key(ahead_lease)
+            key = self._lease_key(_lease_of(position.ahead))
             pttl, _ = self._request(f"check the waiter ahead on lock {ticket.name!r}", key, "PTTL", key)
-            if pttl == -2:
-                self._evict(ticket.name, position.ahead)
-                return
-            if pttl >= 0:
-                limit = min(limit, pttl / 1000 + _EXPIRY_SLACK)
-        self._block(self._lock_keys(ticket.name) + "wake:" + ticket.key.decode("ascii"), limit, interrupt)
+        if pttl == -2:
+            self._evict(ticket.name, position.ahead)
+            return
+        if pttl >= 0:
+            limit = min(limit, pttl / 1000 + _EXPIRY_SLACK)
+        news = self._block(self._lock_keys(ticket.name) + "wake:" + ticket.key.decode("ascii"), limit, interrupt)
+        if news == b"h":
+            self._handed_over[ticket.key] = ticket
 
-    def _block(self, key: str, limit: float, interrupt: Interrupt) -> None:
-        """``BLPOP key`` for at most ``limit`` s; a fired ``interrupt`` shuts the socket down to end it early."""
+    def _block(self, key: str, limit: float, interrupt: Interrupt) -> bytes | None:
+        """``BLPOP key`` for at most ``limit`` s; a fired ``interrupt`` shuts the socket down to end it early.
+        Returns what was popped (None when nothing was)."""
         try:
             pool = self._target.pool_for(key)
             connection = pool.get()
@@ -680,14 +803,16 @@ class RedisBackend:
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
             # Unreachable: pause briefly so a dead server is not spun on; the caller's next read raises.
             time.sleep(min(0.05, max(limit, 0)))
-            return
+            return None
         unregister = interrupt.on_fire(lambda: _shut_down(connection))
         failed = True
+        popped = None
         try:
             connection.send_command("BLPOP", key, f"{max(limit, 0.001):.3f}")
             # A paused server cannot hold us past our limit plus one request's worth of patience.
             if connection.can_read(timeout=limit + self.request_timeout):
-                connection.read_response()
+                answer = connection.read_response()
+                popped = None if answer is None else bytes(answer[1])
                 failed = False
             else:
                 connection.disconnect()  # the BLPOP is still pending on it
@@ -701,19 +826,26 @@ class RedisBackend:
         finally:
             unregister()
             pool.put(connection, failed=failed and not interrupt.fired)
+        return popped
 
     def dequeue(self, ticket: Ticket) -> bool:
         return self._remove(ticket, check_token=True)
 
     def _remove(self, ticket: Ticket, *, check_token: bool) -> bool:
         keys = self._lock_keys(ticket.name)
+        # A ticket of unknown origin (one ``lingering`` found) may have both an owner record and a wake-up list.
+        entry = ticket if isinstance(ticket, _Entry) else None
         answer, attempts = self._script(
             f"release lock {ticket.name!r}",
             REMOVE,
             (keys + "q",),
             ticket.key,
             ticket.revision if check_token else "",
+            "" if entry is not None and not entry.owner_stored else "1",
+            "" if entry is not None and not entry.woken else "1",
+            self._lease_prefix,
         )
+        self._handed_over.pop(ticket.key, None)
         with self._mutex:
             tickets = self._tickets.get(ticket.lease_id)
             if tickets is not None and tickets.get(ticket.key) == ticket:
@@ -731,6 +863,9 @@ class RedisBackend:
             (keys + "q",),
             member,
             "",
+            "1",
+            "1",
+            self._lease_prefix,
         )
 
     def holder(self, name: str) -> Holder | None:
@@ -745,7 +880,11 @@ class RedisBackend:
             alive, _ = self._request(f"read holder of lock {name!r}", lease_key, "EXISTS", lease_key)
             if alive:
                 return Holder(
-                    name=name, token=int(token), lease_id=lease_id, owner=owner_id(owner), waiters=entries - 1
+                    name=name,
+                    token=int(token),
+                    lease_id=lease_id,
+                    owner=owner_id(owner) if owner else _nonce_of(member),
+                    waiters=entries - 1,
                 )
             self._evict(name, member)
 
@@ -758,7 +897,9 @@ class RedisBackend:
         if holder is None or holder.token != token:
             return False
         keys = self._lock_keys(name)
-        answer, attempts = self._script(f"force-release lock {name!r}", FORCE_RELEASE, (keys + "q",), token)
+        answer, attempts = self._script(
+            f"force-release lock {name!r}", FORCE_RELEASE, (keys + "q",), token, self._lease_prefix
+        )
         return answer == 1 or attempts > 1
 
     def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
@@ -801,6 +942,8 @@ class RedisBackend:
                     queue = []
                     for i in range(0, len(entries), 2):
                         member = bytes(entries[i])
+                        if member == _LAST_BYTES:
+                            continue
                         owner = owner_id(records[member]) if member in records else _nonce_of(member)
                         queue.append((member, int(float(entries[i + 1])), owner))
                     if name is not None and queue:
@@ -832,6 +975,30 @@ class RedisBackend:
         self._mutex = threading.Lock()
         self._lease_ttls = {}
         self._tickets = {}
+        self._handed_over = {}
+
+
+#: A script's answer for the PTTL of the lease ahead when it could not read it (a Cluster).
+_NOT_READ = -3
+_HELD = Position(held=True, waiters_ahead=0)
+
+
+@dataclass(frozen=True)
+class _Entry(Ticket):
+    """A ticket with what removing its entry must clean up besides the entry itself."""
+
+    #: An owner record was stored for it (only for a waiter given an owner).
+    owner_stored: bool = True
+    #: A wake-up may wait in its list (not for one that joined at the head: nobody is ever ahead of it).
+    woken: bool = True
+
+
+@dataclass(frozen=True)
+class _Place(Position):
+    """A waiting position, with the PTTL of the lease of the waiter ahead as the script read it (ms; -1: no
+    expiry; ``_NOT_READ`` on a Cluster)."""
+
+    ahead_ttl_ms: int = _NOT_READ
 
 
 def _position(answer: list[Any]) -> Position:
@@ -839,8 +1006,8 @@ def _position(answer: list[Any]) -> Position:
     if state == 2:
         return Position(held=False, gone=True)
     if state == 1:
-        return Position(held=True, waiters_ahead=0)
-    return Position(held=False, ahead=bytes(answer[2]), waiters_ahead=int(answer[4]) - 1)
+        return _HELD
+    return _Place(held=False, ahead=bytes(answer[2]), ahead_ttl_ms=int(answer[3]))
 
 
 def _shut_down(connection: Any) -> None:
