@@ -559,7 +559,7 @@ class RedisBackend:
         connection = pool.get()
         failed = False
         try:
-            connection.send_command(*args)
+            connection.send_packed_command([_pack(args)], check_health=False)
             # The socket timeout bounds a first attempt whose budget is at least that long; anything else is
             # bounded by what is left of its deadline (a poll with that timeout first: a little slower).
             if not fast:
@@ -808,7 +808,7 @@ class RedisBackend:
         failed = True
         popped = None
         try:
-            connection.send_command("BLPOP", key, f"{max(limit, 0.001):.3f}")
+            connection.send_packed_command([_pack(("BLPOP", key, f"{max(limit, 0.001):.3f}"))], check_health=False)
             # A paused server cannot hold us past our limit plus one request's worth of patience.
             if connection.can_read(timeout=limit + self.request_timeout):
                 answer = connection.read_response()
@@ -1008,6 +1008,16 @@ def _position(answer: list[Any]) -> Position:
     if state == 1:
         return _HELD
     return _Place(held=False, ahead=bytes(answer[2]), ahead_ttl_ms=int(answer[3]))
+
+
+def _pack(args: tuple[Any, ...]) -> bytes:
+    """One command in the Redis protocol, as redis-py's packer would write it for these argument types (bytes, str
+    as UTF-8, int), in one piece: a sixth of an uncontended lock's client time went to redis-py's general packer."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode() if isinstance(arg, int) else arg.encode()
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def _shut_down(connection: Any) -> None:
