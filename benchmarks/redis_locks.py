@@ -68,6 +68,11 @@ LABELS = {
 }
 #: Commands that are not lock traffic: the counting itself and connection set-up.
 _NOT_LOCK_TRAFFIC = ("info", "hello", "auth", "select", "client|")
+#: What the Redis lock aims at: commands per uncontended acquire + release, and under contention acquisitions/s as a
+#: share of redis-py `Lock`'s while every process still gets its turn.
+_COMMANDS_TARGET = 8
+_RATE_TARGET = 0.8
+_FAIRNESS_TARGET = 0.9
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
@@ -198,6 +203,15 @@ def _targets(processes: list[int], results: LockResults) -> list[str]:
     """The issue's targets, each with its measured figure and whether it was met."""
     by_lock = results.uncontended_by_lock
     lines = results.floor_lines()
+    if "distlock" in by_lock:
+        commands = by_lock["distlock"].requests_per_acquisition
+        theirs = (
+            f" (redis-py `Lock`: {by_lock['redis-py'].requests_per_acquisition:.2f})" if "redis-py" in by_lock else ""
+        )
+        lines.append(
+            f"- Target: Redis commands per uncontended acquire + release <= {_COMMANDS_TARGET}: distlock "
+            f"{commands:.2f}{theirs} — {verdict(commands <= _COMMANDS_TARGET)}"
+        )
     if "distlock" in by_lock and "redis-py" in by_lock:
         ours, theirs = by_lock["distlock"], by_lock["redis-py"]
         within = ours.median / theirs.median if theirs.median else math.nan
@@ -221,6 +235,8 @@ def _targets(processes: list[int], results: LockResults) -> list[str]:
             if n == max(processes):
                 line += f" (target: below: {verdict(ours_p99 < theirs_p99)})"
             line += f"; acquisitions/s {ratio(ours_c.rate, theirs_c.rate)} of redis-py `Lock`'s"
+            met = ours_c.rate >= _RATE_TARGET * theirs_c.rate and ours_c.fairness >= _FAIRNESS_TARGET
+            line += f" (target >= {_RATE_TARGET:g}x with fairness >= {_FAIRNESS_TARGET:g}: {verdict(met)})"
         lines.append(line)
     return lines
 
