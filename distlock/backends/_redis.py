@@ -835,6 +835,7 @@ class RedisBackend:
         keys = self._lock_keys(ticket.name)
         # A ticket of unknown origin (one ``lingering`` found) may have both an owner record and a wake-up list.
         entry = ticket if isinstance(ticket, _Entry) else None
+        self._handed_over.pop(ticket.key, None)
         answer, attempts = self._script(
             f"release lock {ticket.name!r}",
             REMOVE,
@@ -845,7 +846,6 @@ class RedisBackend:
             "" if entry is not None and not entry.woken else "1",
             self._lease_prefix,
         )
-        self._handed_over.pop(ticket.key, None)
         with self._mutex:
             tickets = self._tickets.get(ticket.lease_id)
             if tickets is not None and tickets.get(ticket.key) == ticket:
