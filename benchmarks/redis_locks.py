@@ -205,12 +205,12 @@ def _targets(processes: list[int], results: LockResults) -> list[str]:
     lines = results.floor_lines()
     if "distlock" in by_lock:
         commands = by_lock["distlock"].requests_per_acquisition
-        theirs = (
+        beside = (
             f" (redis-py `Lock`: {by_lock['redis-py'].requests_per_acquisition:.2f})" if "redis-py" in by_lock else ""
         )
         lines.append(
             f"- Target: Redis commands per uncontended acquire + release <= {_COMMANDS_TARGET}: distlock "
-            f"{commands:.2f}{theirs} — {verdict(commands <= _COMMANDS_TARGET)}"
+            f"{commands:.2f}{beside} — {verdict(commands <= _COMMANDS_TARGET)}"
         )
     if "distlock" in by_lock and "redis-py" in by_lock:
         ours, theirs = by_lock["distlock"], by_lock["redis-py"]
