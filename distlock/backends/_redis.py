@@ -47,9 +47,10 @@ On one server the scripts also read lease keys (Redis lets a script outside a Cl
 the lease keys are named from the members): joining and reading the queue check the caller's own lease (passed as
 a key), so an entry whose lease vanished behind its client's back (deleted by hand, a server clock jump) never
 holds the lock; they answer the ``PTTL`` of the lease of the waiter ahead, and remove that waiter at once if its
-lease is gone; and a release hands the lock only to a waiter whose lease exists, removing dead ones on the way. A
-Cluster script may only touch its lock's slot: there the client checks its own lease with ``EXISTS`` before it
-calls itself the holder and the lease ahead with ``PTTL`` before it waits, a request each.
+lease is gone; and a release hands the lock only to a waiter whose lease exists, removing dead ones on the way
+(each told to look again, in case its client lives on). A Cluster script may only touch its lock's slot: there
+the client checks its own lease with ``EXISTS`` before it calls itself the holder and the lease ahead with
+``PTTL`` before it waits, a request each.
 
 An uncontended acquire + release is two scripts and eight commands on one server (the join: ``EXISTS``, ``TIME``,
 ``ZRANGE``, ``ZADD``; the release: ``ZRANGE``, ``ZREM``); a removal skips the owner record and the wake list
@@ -163,7 +164,8 @@ local function notify(q, member, news)
   redis.call('PEXPIRE', key, WAKE_TTL_MS)
 end
 -- The head left: tell the next waiter it holds the lock, after checking its lease where the script may read it
--- (prefix ''  on a Cluster); waiters whose lease is gone are taken out on the way.
+-- (prefix '' on a Cluster). A waiter whose lease is gone is taken out on the way and told to look again: if its
+-- client lives on (its lease deleted behind its back), it learns at once that it must queue again.
 local function hand_over(q, nxt, prefix)
   for i = 1, 16 do
     if not nxt or nxt == LAST then return end
@@ -171,7 +173,8 @@ local function hand_over(q, nxt, prefix)
       notify(q, nxt, 'h')
       return
     end
-    drop(q, nxt, true, true)
+    drop(q, nxt, true, false)
+    notify(q, nxt, '1')
     nxt = redis.call('ZRANGE', q, 0, 0)[1]
   end
   if nxt and nxt ~= LAST then notify(q, nxt, '1') end
