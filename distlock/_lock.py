@@ -25,6 +25,12 @@ Races handled here, in prose:
   holder's ``release()`` finds its key gone and raises ``LockLost``; when the holder's comes first, the force release
   returns False and changes nothing, even though by then a waiter may hold the lock under a newer token. A check that
   was under way while the handle released (or acquired again) never marks the new hold lost: it names the ticket.
+- *Handed over.* ``hand_over()`` leaves a held lock to a successor, usually in another process, that calls
+  ``take_over(token)``: the successor joins the queue first and only then removes the old key, checked against its
+  token, so the lock passes from one to the other (or to a waiter queued in between, then to the successor) and is
+  never free for a third party. A token that no longer heads the queue is left alone (the successor leaves the queue
+  and gets False), so a late successor never ends a newer holder. The old handle finds its key gone at the keeper's
+  next check and ends quietly, as expected rather than lost; if nobody takes over in time, the keeper removes the key.
 - *Forked while holding.* In a forked child, a handle the parent holds is not held: ``owned()`` is False, ``lost`` is
   True (nothing done in the child is protected by the parent's lock), ``token``, ``fence``, ``ensure_held()`` and
   ``release()`` raise ``LockNotOwned``, and ``current_lock()``/``current_token()`` skip it. Otherwise the child could
@@ -191,6 +197,7 @@ class Lock:
         self._lost_event = threading.Event()
         self._wake: Interrupt | None = None
         self._stray: Stray | None = None  # the current key's, when its join was sent more than once
+        self._handed_over = False  # hand_over() was called on the current hold
 
     def __repr__(self) -> str:
         if self._ticket is not None and self._own_ticket() is None:
@@ -213,7 +220,27 @@ class Lock:
             self._enter_context()
         return acquired
 
-    def _acquire(self, blocking: bool, timeout: float | None, cancel: Interrupt) -> bool:
+    def take_over(self, token: int, timeout: float | None = None) -> bool:
+        """Acquire the lock as the successor of the hold with fencing token ``token`` (one its holder handed over
+        with :meth:`hand_over`, typically in another process), leaving no moment in which a third party could take it.
+
+        The handle joins the queue first, then removes that hold's key if it still heads the queue (checked against
+        ``token``, like a force release: a newer holder is never touched), then waits its turn as ``acquire()``
+        does. The old holder is not asked: it learns at its client's next check of its keys. True when acquired
+        (also at once when the lock turned out free); False when the lock is held under another token (the hold
+        ``token`` ended and someone else holds the lock: the handle leaves the queue at once), or after ``timeout``.
+        Raises ``ConfigurationError`` for a token that is not a positive int, else as ``acquire()``.
+        """
+        if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+            raise ConfigurationError(f"token must be a held lock's fencing token, a positive int, not {token!r}")
+        acquired = self._acquire(True, timeout, Interrupt(), predecessor=token)
+        if acquired:
+            self._enter_context()
+        return acquired
+
+    def _acquire(
+        self, blocking: bool, timeout: float | None, cancel: Interrupt, predecessor: int | None = None
+    ) -> bool:
         if timeout is not None:
             timeout = seconds(timeout, "timeout (how long to wait)", allow_zero=True, allow_forever=True)
         wait = (timeout if timeout is not None else self.timeout) if blocking else 0.0
@@ -231,7 +258,7 @@ class Lock:
         outcome = _metrics.ERROR
         try:
             with self._client._while_open(f"acquire lock {self.name!r}"):
-                acquired = self._queue_until_head(deadline, cancel)
+                acquired = self._queue_until_head(deadline, cancel, predecessor)
             outcome = _metrics.ACQUIRED if acquired else _metrics.CANCELLED if cancel.fired else _metrics.TIMEOUT
             return acquired
         finally:
@@ -239,7 +266,7 @@ class Lock:
             with self._mutex:
                 self._busy = False
 
-    def _queue_until_head(self, deadline: float, cancel: Interrupt) -> bool:
+    def _queue_until_head(self, deadline: float, cancel: Interrupt, predecessor: int | None = None) -> bool:
         backend = self._client._backend
         keeper = self._client._keeper
         while True:
@@ -266,6 +293,14 @@ class Lock:
                     raise
                 if ticket.resent:
                     self._stray = keeper.stray(session, self.name, nonce)
+                if predecessor is not None and not position.held:
+                    # Queued behind the hold we take over: only now may its key go (no gap for a third party).
+                    if not backend.force_release(self.name, predecessor):
+                        self._give_up(ticket, session)
+                        ticket = None
+                        return False
+                    position = backend.position(ticket)
+                predecessor = None  # once: queueing again after a lost lease is an ordinary wait
                 while True:
                     if position.gone or wake.reason == _LEASE_LOST or session.expired():
                         # Our key is gone, or goes with a lease that expired while we waited: queue again, at the
@@ -334,6 +369,7 @@ class Lock:
             self._acquired_at = now
             self._lost_reason = None
             self._lost_event.clear()
+            self._handed_over = False
             self._hold_deadline = None if self.max_hold is None else now + self.max_hold
         if self._hold_deadline is not None:
             self._client._keeper.changed()
@@ -431,7 +467,8 @@ class Lock:
         now = _clock.now()
         if session.expired(now):
             reason = session.why_expired()
-        elif self._hold_deadline is not None and now >= self._hold_deadline:
+        elif self._hold_deadline is not None and now >= self._hold_deadline and not self._handed_over:
+            # (A handed-over hold that nobody took over in time is not lost: the keeper ends it, see hold_expired.)
             reason = f"held longer than max_hold={self.max_hold:g} s"
         else:
             return None
@@ -477,15 +514,61 @@ class Lock:
         return self._own_ticket() if self._lost_reason is None else None
 
     def ticket_gone(self, ticket: Ticket) -> None:
+        if self._handed_over and self._end_handed_over(ticket):
+            self._stray_done()
+            return  # a successor took it over: the end hand_over() waited for, not a loss
         self._mark_lost("its key was removed while its lease lived (force-released by an operator, or deleted)", ticket)
 
     def hold_expired(self) -> None:
         ticket, session = self._ticket, self._session
         if ticket is None or session is None:
             return
+        if self._handed_over:
+            if self._end_handed_over(ticket):
+                log.warning("distlock: lock %r was not taken over in time after hand_over(); releasing it", self.name)
+                self._client._keeper.defer(functools.partial(self._give_up, ticket, session))
+            return
         self._mark_lost(f"held longer than max_hold={self.max_hold:g} s")
         # Deleting the key talks to the server: off the keeper thread, which must go on refreshing leases.
         self._client._keeper.defer(functools.partial(self._give_up, ticket, session))
+
+    # -- handing over -----------------------------------------------------------------------------------------
+
+    def hand_over(self, timeout: float) -> None:
+        """Keep this hold only until a successor takes it over (:meth:`take_over` with this hold's ``token``), at
+        most ``timeout`` more seconds (and never past ``max_hold``).
+
+        For a lock that must pass to another process without a gap: the Celery integration's reservations. The hold
+        goes on as before (its lease is refreshed; a crash of this process frees it within ``ttl``), but the handle no
+        longer counts as the caller's lock (``current_lock()`` skips it), and its key's removal is the end it waits
+        for, not a loss: the handle stops being held, quietly, when the client next checks its keys (after a lease
+        refresh, about every third of ``ttl``; no request per handle). When ``timeout`` passes first, the key is
+        removed and a warning logged. ``release()`` still ends the hold at once. Raises ``LockNotOwned`` if not
+        held, ``LockLost`` if lost, ``ConfigurationError`` for a bad ``timeout``.
+        """
+        timeout = seconds(timeout, "timeout (how long to wait for a successor)", allow_zero=True)
+        self.ensure_held()
+        with self._mutex:
+            deadline = _clock.now() + timeout
+            self._hold_deadline = deadline if self._hold_deadline is None else min(self._hold_deadline, deadline)
+            self._handed_over = True
+        self._leave_context()
+        self._client._keeper.changed()
+
+    def _end_handed_over(self, ticket: Ticket) -> bool:
+        """End a handed-over hold of ``ticket`` locally (its key is gone, or about to be removed); False when the
+        handle holds something else by now."""
+        with self._mutex:
+            session = self._session
+            if self._ticket != ticket or session is None or self._lost_reason is not None:
+                return False
+            self._ticket = None
+            self._session = None
+            self._hold_deadline = None
+            self._handed_over = False
+        _metrics.lock_released(self._metric_attributes, _clock.now() - self._acquired_at)
+        self._client._keeper.detach(session, self)
+        return True
 
     # -- releasing --------------------------------------------------------------------------------------------
 
@@ -500,6 +583,7 @@ class Lock:
             self._ticket = None
             self._session = None
             self._hold_deadline = None
+            self._handed_over = False
             reason = self._lost_reason
         _metrics.lock_released(self._metric_attributes, _clock.now() - self._acquired_at)
         self._leave_context()
