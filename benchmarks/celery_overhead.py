@@ -254,8 +254,8 @@ def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
         "the plain task is what taking and releasing the lock costs. *Round trip*: `task.delay(i).get()`, one call",
         "at a time from the benchmark process (blocks of calls, the tasks taking turns). *In the worker*: Celery's",
         "`task_prerun` to `task_postrun` in the worker process (lock, body, result stored, lock released). *RPCs*:",
-        "gRPC messages etcd received per call, from both sides (the enqueue mode's sender and its handover polls",
-        "included). *Burst*: calls sent at once, tasks per second until the last result is in.",
+        "gRPC messages etcd received per call, from both sides (the enqueue mode's sender included). *Burst*: calls",
+        "sent at once, tasks per second until the last result is in.",
         "",
         "| Task | calls | round trip p50 ms | p99 ms | in the worker p50 ms | p99 ms | etcd RPCs / task "
         "| RPCs by method / task | burst tasks/s |",
@@ -279,10 +279,9 @@ def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
     lines += [
         "",
         "The enqueue mode pays for its reservation in the sender (a read to look for a duplicate, a `Txn` to take",
-        "it) and for the handover: the worker signals with a second lock and waits until the sender's poll (5 ms",
-        "after sending, then after 5 % of the reservation's age, at least every 100 ms) sees it and releases the",
-        "reservation. In a burst the tasks wait in the queue, their reservations age, and each worker process idles",
-        'up to 100 ms per task for its handover: `lock_on="run"` is the mode for many short tasks.',
+        "it) and for the hand-over in the worker: a second lock so that only one delivery takes over (a `Txn` to",
+        "take it, one to release it), a join behind the reservation, and the reservation's removal (a read and a",
+        "`Txn`). The sender takes no part after sending: it neither polls nor waits, whatever the backlog.",
     ]
     return section(NAME, lines)
 

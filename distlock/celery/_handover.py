@@ -1,78 +1,68 @@
 """Handing a lock from the process that sent a task to the worker that runs it.
 
-A distlock lock belongs to one handle in one process: only that process can keep it alive or release it, and
-nothing can move a lease from one process to another. Two cases still need the lock to outlive the process step
-that took it:
+A distlock lock belongs to one handle in one process: only that process keeps its lease alive, and nothing can move
+a lease from one process to another. Two cases still need the lock to outlive the process step that took it:
 
 - ``lock_on="enqueue"``: the caller of ``apply_async`` takes the lock (a *reservation*) so that only one call is
   queued or running, and the worker that later runs the task must end up holding it;
 - ``self.retry()``: the failing attempt holds the lock, and the retry, perhaps on another worker, must get it back
   without a gap in which a duplicate could start.
 
-Both work the same way. The sending process holds the lock under the task's id as owner (``client.holder()`` shows
-it), writes the lock name and the reservation's fencing token into the message headers, and hands the lock to this
-module's :class:`Reservations`. The worker that runs the message (:func:`take_over`) checks that the reservation is
-still the holder, takes a second, per-reservation *takeover* lock as a signal, and queues for the real lock behind
-the reservation. A thread in the sending process polls each reservation (after 5 ms, then after 5 % of its age, at
-least every 100 ms: a worker waits for the handover at most that long, and a reservation left in a backlog costs one
-read every 100 ms); once it sees a waiter behind it *and* the takeover lock held, it releases the reservation and the
-queue hands the lock to the worker. The poll is the price of a lock service without a "tell me when someone queues"
-primitive: a process can only be woken when a lock it waits for is *released*, and nothing the worker could release
-exists before it arrives. The lock is held without a gap from enqueue to the end of the run: first by the
-reservation, then by the worker, whose ticket was already next in the FIFO queue.
+Both work the same way, and the sender takes no part once the message is out. The sending process holds the lock
+under the task's id as owner (``client.holder()`` shows it), writes the lock name and the reservation's fencing token
+into the message headers, and hands the lock over (``Lock.hand_over``): its lease stays alive as before, and the key
+is left for the worker to remove. The worker that runs the message (:func:`take_over`) first takes a second,
+per-reservation *takeover* lock, without waiting, so that only one delivery of the message goes on; then it joins
+the lock's FIFO queue behind the reservation and, once queued, removes the reservation's key, checked against its
+token (``Lock.take_over``). The queue makes the worker the holder at that moment: the lock is held without a gap
+from enqueue to the end of the run, first by the reservation, then by the worker. The sender learns of it at its
+client's next check of its keys (one request per lease after each refresh, however many reservations it holds) and
+drops the handle quietly. No thread, no poll, no request per reservation in the sender: a reservation left in a
+backlog costs nothing until it is taken over or its time runs out.
 
 Races and failures, in prose:
 
 - *The sender dies or loses the lock service* (SIGKILL, OOM, a partition): the reservation's lease lapses within
-  ``ttl`` and the waiting worker becomes the holder. A crashed enqueue never holds the key longer than ``ttl``.
+  ``ttl``. A worker already queued behind it becomes the holder then; one that comes later finds the lock free and
+  takes it. A crashed enqueue never holds the key longer than ``ttl``.
 - *The message is lost* (never delivered, purged, expired): nobody takes the reservation over, and it ends at its
-  hold limit (``lock_max_queued``, default ``ttl``, counted from when the task is due; for an enqueue-time
-  reservation it is the lock's ``max_hold``, which the core enforces even if this thread is stuck). A message that
-  waits longer than that in the broker loses its reservation: a duplicate can then be queued, and the two run one
-  after the other, never at once, since a run always holds the lock.
+  deadline (``lock_max_queued``, default ``ttl``, counted from when the task is due), which the sender's client
+  enforces with the lock's hold deadline (a warning is logged). A message that waits longer than that in the broker
+  loses its reservation: a duplicate can then be queued, and the two run one after the other, never at once, since
+  a run always holds the lock. When the late message arrives and another call's reservation holds the lock, its
+  take-over finds another token at the head, leaves the queue, and the call is a duplicate (skipped).
 - *The sender exits normally* before a worker took over: closing its client revokes the lease at once, so the same
   applies from that moment. A short-lived script that enqueues and exits gets "one at a time", not "one queued".
-- *The message is delivered twice* (redelivery): only one delivery gets the takeover lock; the other finds the
-  reservation gone or held by a run of its own task id, which the task treats as "already running".
-- *A stranger waits behind the reservation* (a run-mode call of the same lock name, a caller racing on an empty
-  queue): the sender does not release for a waiter alone, only when the takeover lock of *this* reservation is held.
-  A worker that takes the takeover lock and has not yet queued can coincide with a stranger's waiting ticket; then
-  the reservation is released to the stranger, who runs first, and the worker runs after it. Order, not exclusion,
-  is what that rare race can cost.
-- *The sender's poll fails* (the lock service briefly unavailable): it tries again at the next poll; the worker's
-  wait is bounded by ``ttl`` plus a grace period, after which it treats the call as a duplicate of a run it cannot
-  reach.
+- *The worker dies* after taking the takeover lock: before it removed the reservation, the reservation lives on
+  until its deadline and a redelivery (``acks_late``) takes it over once the dead worker's takeover lock has lapsed;
+  after, the worker holds the lock itself, and its lease lapses within ``ttl``.
+- *The message is delivered twice* (redelivery): only one delivery gets the takeover lock, so only one queues and
+  removes the reservation; the other goes the ordinary way, finds the lock held under its own task id, and treats
+  the call as already running (it waits for a dead holder's lease to lapse, and is dropped if the holder lives).
+  Without the takeover lock both would queue, and one would run after the other.
+- *Someone else queues between the reservation and the worker* (a run-mode call of the same lock name with a
+  ``lock_timeout``): the reservation's key is removed only once the worker is queued too, so the lock passes to that
+  waiter, who runs first, and the worker runs after it. Order, not exclusion, is what that rare race can cost. A
+  caller racing with a non-blocking attempt never sees the lock free in between: the worker is already queued.
+- *The lock service is briefly away*: every step is a request retried within the client's request timeout; a worker
+  that still cannot reach it fails the task with ``BackendUnavailable``, and nothing was removed that it did not
+  queue behind (the join comes first, the removal is token-checked). The sender only needs its lease refreshed.
 
-After ``fork()`` a child starts with no reservations: its parent's stay with the parent, whose thread hands them on.
+After ``fork()`` a child starts with no reservations: its parent's stay with the parent, whose client keeps them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import logging
 import os
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import distlock
 from distlock import DistlockError
 
 __all__ = ["RESERVATIONS", "Reservations", "take_over", "takeover_name"]
 
-log = logging.getLogger("distlock.celery")
-
-#: A reservation is polled after this share of its age (within the bounds below): a task picked up at once is handed
-#: over within milliseconds, and a young reservation costs polls that grow with the log of its age, not linearly.
-POLL_SHARE = 0.05
-#: Shortest and longest interval between two polls of one reservation. The longest bounds how long a worker waits
-#: for the handover (and what a backlog of old reservations costs: one request per reservation per interval).
-FIRST_POLL = 0.005
-MAX_POLL = 0.1
-#: Reservations polled at once (each poll is one or two requests to the lock service).
-POLLERS = 8
-#: How much longer than ``ttl`` a worker waits for a reservation to pass to it (polls, RPCs, a slow machine).
+#: How much longer than ``ttl`` a worker waits for a reservation to pass to it (RPCs, a slow machine).
 TAKEOVER_GRACE = 2.0
 
 
@@ -81,90 +71,39 @@ def takeover_name(name: str, token: int) -> str:
     return f"{name}#takeover:{token}"
 
 
-@dataclasses.dataclass(eq=False)
-class _Reservation:
-    client: distlock.Client
-    lock: distlock.Lock
-    token: int
-    kept_at: float
-    deadline: float | None
-    next_poll: float = 0.0
-
-    def schedule(self, now: float) -> None:
-        self.next_poll = now + min(max(POLL_SHARE * (now - self.kept_at), FIRST_POLL), MAX_POLL)
-
-
 class Reservations:
-    """The locks this process holds only until a worker takes them over, and the thread that hands them on."""
+    """The locks this process has handed over and holds only until a worker takes them over (for inspection)."""
 
     def __init__(self) -> None:
         self._reset()
 
     def _reset(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._items: list[_Reservation] = []
-        self._thread: threading.Thread | None = None
+        self._mutex = threading.Lock()
+        self._items: list[distlock.Lock] = []
+        self._prune_at = 64
 
-    def keep(self, client: distlock.Client, lock: distlock.Lock, hold_for: float | None = None) -> None:
-        """Hold ``lock`` until a worker takes it over, it is lost, or ``hold_for`` seconds pass."""
-        now = time.monotonic()
-        reservation = _Reservation(client, lock, lock.token, now, None if hold_for is None else now + hold_for)
-        reservation.schedule(now)
-        with self._cond:
-            self._items.append(reservation)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="distlock-celery-handover", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+    def keep(self, lock: distlock.Lock, hold_for: float) -> None:
+        """Hand ``lock`` over: hold it until a worker takes it over, it is lost, or ``hold_for`` seconds pass.
+
+        Raises what ``Lock.hand_over`` raises (``LockLost`` when the lock was lost meanwhile)."""
+        lock.hand_over(hold_for)
+        with self._mutex:
+            self._items.append(lock)
+            if len(self._items) >= self._prune_at:  # forget the ones taken over; amortised O(1) per keep
+                self._items = [each for each in self._items if each.owned()]
+                self._prune_at = max(64, 2 * len(self._items))
 
     def cancel(self, lock: distlock.Lock) -> None:
         """Stop keeping ``lock`` and release it (its message was never sent)."""
-        with self._cond:
-            self._items = [r for r in self._items if r.lock is not lock]
+        with self._mutex:
+            self._items = [each for each in self._items if each is not lock]
         _release_quietly(lock)
 
     def held(self) -> list[distlock.Lock]:
-        """The reservations this process holds now (for tests and inspection)."""
-        with self._cond:
-            return [r.lock for r in self._items]
-
-    def _run(self) -> None:
-        with ThreadPoolExecutor(POLLERS, thread_name_prefix="distlock-celery-poll") as pool:
-            while True:
-                with self._cond:
-                    now = time.monotonic()
-                    due = [r for r in self._items if r.next_poll <= now]
-                    if not due:
-                        wake = min((r.next_poll for r in self._items), default=None)
-                        self._cond.wait(None if wake is None else wake - now)
-                        continue
-                list(pool.map(self._step, due))
-
-    def _step(self, reservation: _Reservation) -> None:
-        if self._finished(reservation):
-            with self._cond:
-                self._items = [r for r in self._items if r is not reservation]
-            _release_quietly(reservation.lock)
-        else:
-            reservation.schedule(time.monotonic())
-
-    def _finished(self, reservation: _Reservation) -> bool:
-        """True when the reservation should end now: taken over, lost, gone, or past its deadline."""
-        lock = reservation.lock
-        if not lock.owned():
-            return True
-        if reservation.deadline is not None and time.monotonic() >= reservation.deadline:
-            log.warning("distlock.celery: no worker took over %r in time; releasing the reservation", lock.name)
-            return True
-        try:
-            holder = reservation.client.holder(lock.name)
-            if holder is None or holder.token != reservation.token:
-                return True
-            signal = takeover_name(lock.name, reservation.token)
-            return holder.waiters > 0 and reservation.client.holder(signal) is not None
-        except DistlockError as e:
-            log.debug("distlock.celery: polling reservation %r failed (%s); trying again", lock.name, e)
-            return False
+        """The reservations this process holds, as far as it knows: one taken over leaves the list when the
+        client next checks its keys (about every third of the lock's ``ttl``)."""
+        with self._mutex:
+            return [each for each in self._items if each.owned()]
 
 
 def _release_quietly(lock: distlock.Lock) -> None:
@@ -175,17 +114,15 @@ def _release_quietly(lock: distlock.Lock) -> None:
 def take_over(client: distlock.Client, lock: distlock.Lock, token: int, wait: float) -> bool:
     """Acquire ``lock`` as the successor of reservation ``token``, waiting up to ``wait`` seconds.
 
-    False, at once, when that reservation no longer holds the lock (it lapsed, was released, or another delivery of
-    the message is taking it over); False after ``wait`` when it never passed the lock on.
+    False, at once, when another delivery of the message is taking it over, or the lock is held under another token
+    (the reservation ended: it lapsed, was released, or was taken over); False after ``wait`` when the waiters ahead
+    did not leave in time. True also when the reservation ended and the lock was free.
     """
-    holder = client.holder(lock.name)
-    if holder is None or holder.token != token:
-        return False
     signal = client.lock(takeover_name(lock.name, token), ttl=lock.ttl, owner=lock.owner)
     if not signal.acquire(blocking=False):
         return False
     try:
-        return lock.acquire(timeout=wait)
+        return lock.take_over(token, timeout=wait)
     finally:
         _release_quietly(signal)
 

@@ -249,7 +249,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
             # A copied context: the reservation must not become the caller's current_lock().
             if contextvars.copy_context().run(lock.acquire, False):
                 header["reservation"] = lock.token
-                RESERVATIONS.keep(client, lock)
+                RESERVATIONS.keep(lock, hold_for)
                 try:
                     return super().apply_async(**send)
                 except BaseException:
@@ -290,16 +290,14 @@ class SingletonTask(Task):  # type: ignore[type-arg]
             return self._duplicate(busy, name, effective, where, direct=task_id is None)
         run = _Run(self, task_id, lock)
         _runs.set((*_runs.get(), run))
-        keep = False
+        keep_for: float | None = None  # set when the lock passes to a retry message
         try:
             return super().__call__(*args, **kwargs)
         except Retry:
-            keep = run.retry_hold_for is not None
+            keep_for = run.retry_hold_for
             raise
         finally:
-            if keep:
-                RESERVATIONS.keep(client, lock, run.retry_hold_for)
-            else:
+            if keep_for is None or not _hand_over(lock, keep_for, where):
                 _release(lock, where)
 
     def _duplicate(self, busy: _Busy, name: str, effective: Options, where: str, *, direct: bool) -> Any:
@@ -349,6 +347,16 @@ def _acquire(
         if lock.acquire(timeout=effective.ttl + TAKEOVER_GRACE):
             return None
     return _Busy(holder)
+
+
+def _hand_over(lock: distlock.Lock, hold_for: float, where: str) -> bool:
+    """Keep the run's lock for the retry message; False when it cannot be (lost meanwhile), and must be released."""
+    try:
+        RESERVATIONS.keep(lock, hold_for)
+    except DistlockError as e:
+        log.error("distlock.celery: %s could not keep its lock for the retry: %s", where, e)
+        return False
+    return True
 
 
 def _release(lock: distlock.Lock, where: str) -> None:

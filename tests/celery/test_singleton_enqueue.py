@@ -20,6 +20,7 @@ from _support import child_env, wait_until
 from celery import Celery
 
 from distlock.celery import RESERVATIONS, DuplicateTask, SingletonTask, get_client
+from distlock.testing import EtcdServer
 
 if TYPE_CHECKING:
     # To mypy (search path tests/) this directory is the package "celery"; pytest loads conftest.py by its path.
@@ -35,7 +36,10 @@ def _queued(app: Celery) -> SingletonTask:
 
 
 def test_ten_enqueues_while_one_is_queued_make_one_run_and_a_later_enqueue_is_accepted(
-    celery_app: Celery, celery_events: Events, together: Callable[[Sequence[Callable[..., Any]]], list[Any]]
+    celery_app: Celery,
+    celery_events: Events,
+    together: Callable[[Sequence[Callable[..., Any]]], list[Any]],
+    lock_ttl: float,
 ) -> None:
     queued, plain = _queued(celery_app), celery_app.tasks["t.plain"]
     job, busy = uuid.uuid4().hex, uuid.uuid4().hex
@@ -75,7 +79,8 @@ def test_ten_enqueues_while_one_is_queued_make_one_run_and_a_later_enqueue_is_ac
     assert [r.id for r in runs] == [queued_id, later.id]
     assert celery_events.overlaps(runs) == []
     assert client.holder(name) is None
-    assert RESERVATIONS.held() == []
+    # The sender drops a reservation taken over at its client's next check of its keys (every third of the TTL).
+    wait_until(lambda: RESERVATIONS.held() == [], 3 * lock_ttl, "the sender to see its reservation taken over")
 
 
 def test_a_lost_message_frees_its_reservation_after_max_queued(celery_app: Celery, redis_url: str) -> None:
@@ -150,3 +155,74 @@ def test_send_task_bypasses_the_enqueue_check_but_never_runs_twice_at_once(
     runs = celery_events.runs(job)
     assert len(runs) == 1 and runs[0].id in (first.id, second.id)  # the other was a duplicate at run time
     assert sorted(outcomes, key=lambda o: o is None) == [{"token": runs[0].token, "pid": runs[0].pid}, None]
+
+
+def test_a_waiting_reservation_costs_its_sender_no_requests(
+    make_celery_app: Callable[[str, str, str, str], Celery], redis_url: str, etcd_server: EtcdServer
+) -> None:
+    """The sender does not poll: a reservation whose task waits in the broker sends nothing to the lock service.
+
+    The sender has an etcd of its own, so every request etcd counts is the sender's. Its lease (TTL 30 s, granted
+    for this reservation) is first refreshed after 10 s: none falls into the second counted here.
+    """
+    base = redis_url.rsplit("/", 1)[0]
+    nowhere = f"nowhere-{uuid.uuid4().hex[:8]}"  # a queue no worker consumes: the reservation waits
+    app = make_celery_app(f"{base}/0", f"{base}/1", etcd_server.url, nowhere)
+    client = get_client(app)
+    try:
+        queued = _queued(app)
+        job = uuid.uuid4().hex
+        queued.apply_async((job, 0.0), singleton={"lock_ttl": 30.0, "lock_max_queued": 600.0})
+        name = queued.singleton_key((job, 0.0))
+        assert name in [lock.name for lock in RESERVATIONS.held()]
+        before = etcd_server.rpc_count()
+        time.sleep(1.0)  # the window counted, not a wait for something to happen
+        assert etcd_server.rpc_count() - before == 0
+        holder = client.holder(name)
+        assert holder is not None and holder.waiters == 0
+    finally:
+        client.close()
+        redis.Redis.from_url(redis_url).delete(nowhere)
+        app.close()
+
+
+def test_the_worker_takes_over_a_reservation_from_a_frozen_sender(
+    celery_app: Celery, celery_events: Events, celery_urls: tuple[str, str, str, str], celery_app_path: Path
+) -> None:
+    """The sender takes no part in the hand-over: SIGSTOPped right after sending, with a 30 s lease that cannot
+    lapse meanwhile, its reservation still passes to the worker, which runs the task long before the lease ends."""
+    job = uuid.uuid4().hex
+    name = _queued(celery_app).singleton_key((job, 0.0))
+    client = get_client(celery_app)
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(celery_app_path.parent)!r})
+import celeryapp
+app = celeryapp.make_app(*{list(celery_urls)!r})
+result = app.tasks["t.queued"].apply_async(({job!r}, 0.0), singleton={{"lock_ttl": 30.0, "lock_max_queued": 600}})
+holder = celeryapp.get_client(app).holder({name!r})
+print(result.id, holder.token, flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+    sender = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    )
+    try:
+        assert sender.stdout is not None
+        task_id, reserved = sender.stdout.readline().split()
+        wait_until(lambda: _stopped(sender.pid), 10, "the sender to be stopped")
+        outcome = celery_app.AsyncResult(task_id).get(timeout=20)  # well within the sender's 30 s lease
+        runs = celery_events.runs(job)
+        assert [run.id for run in runs] == [task_id]
+        assert outcome["token"] == runs[0].token and runs[0].token is not None and runs[0].token > int(reserved)
+        assert _stopped(sender.pid)  # frozen the whole time
+        assert client.holder(name) is None
+    finally:
+        sender.kill()
+        sender.wait(10)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP), from its state in /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
