@@ -53,7 +53,12 @@ def test_a_waiter_queued_before_the_successor_runs_first_and_nobody_finds_the_lo
     old.hand_over(60)
     stranger = successor.lock(lock_name, ttl=TTL)
     got: list[int] = []
-    thread = threading.Thread(target=lambda: stranger.acquire(timeout=30) and got.append(stranger.token))
+
+    def wait() -> None:
+        if stranger.acquire(timeout=30):
+            got.append(stranger.token)
+
+    thread = threading.Thread(target=wait)
     thread.start()
     wait_until(lambda: queued(client, lock_name, 1), 10, "the stranger to queue")
     new = successor.lock(lock_name, ttl=TTL)
