@@ -33,9 +33,11 @@ Races and failures, in prose:
   take-over finds another token at the head, leaves the queue, and the call is a duplicate (skipped).
 - *The sender exits normally* before a worker took over: closing its client revokes the lease at once, so the same
   applies from that moment. A short-lived script that enqueues and exits gets "one at a time", not "one queued".
-- *The worker dies* after taking the takeover lock: before it removed the reservation, the reservation lives on
-  until its deadline and a redelivery (``acks_late``) takes it over once the dead worker's takeover lock has lapsed;
-  after, the worker holds the lock itself, and its lease lapses within ``ttl``.
+- *The worker dies* after it removed the reservation: it holds the lock itself, and its lease lapses within ``ttl``.
+  Before that: the reservation lives on until its deadline. A redelivery (``acks_late``) finds the dead worker's
+  takeover lock still held, goes the ordinary way, sees the lock held under its own task id, and waits up to
+  ``ttl`` plus a grace period for it: it runs if the reservation ends within that wait, else it is dropped as
+  already running. Never two runs at once; at worst none, with ``lock_max_queued`` much longer than ``ttl``.
 - *The message is delivered twice* (redelivery): only one delivery gets the takeover lock, so only one queues and
   removes the reservation; the other goes the ordinary way, finds the lock held under its own task id, and treats
   the call as already running (it waits for a dead holder's lease to lapse, and is dropped if the holder lives).

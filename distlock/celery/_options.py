@@ -72,6 +72,8 @@ class Options:
 
     def merged(self, overrides: Mapping[str, Any], where: str) -> Options:
         """These options with ``overrides`` (task attribute names) applied and checked."""
+        if not overrides:
+            return self  # checked when made (every Options comes from here), and a call without overrides is common
         unknown = set(overrides) - set(_ATTRIBUTES)
         if unknown:
             raise ConfigurationError(
