@@ -37,6 +37,15 @@ def _record_joins(client: distlock.Client, monkeypatch: pytest.MonkeyPatch, afte
     return calls
 
 
+def _next_waiter_gets_it(backend_url: str, lock_name: str, after: int) -> None:
+    """Another client gets the lock, with a token newer than ``after`` (the stray key's), before its timeout."""
+    with distlock.connect(backend_url) as other:
+        waiter = other.lock(lock_name, ttl=TTL)
+        assert waiter.acquire(timeout=10), "the stray key still blocks the lock"
+        assert waiter.token > after
+        waiter.release()
+
+
 def test_a_late_copy_of_a_retried_join_after_release_does_not_block_the_next_waiter(
     client: distlock.Client, backend_url: str, lock_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -53,11 +62,7 @@ def test_a_late_copy_of_a_retried_join_after_release_does_not_block_the_next_wai
     holder = client.holder(lock_name)
     assert holder is not None and holder.token == ghost.revision
 
-    with distlock.connect(backend_url) as other:
-        waiter = other.lock(lock_name, ttl=TTL)
-        assert waiter.acquire(timeout=10), "the late copy's key still blocks the lock"
-        assert waiter.token > ghost.revision
-        waiter.release()
+    _next_waiter_gets_it(backend_url, lock_name, after=ghost.revision)
 
 
 def test_a_join_that_failed_after_landing_does_not_block_the_next_waiter(
@@ -73,11 +78,7 @@ def test_a_join_that_failed_after_landing_does_not_block_the_next_waiter(
     assert holder is not None, "the failed join's key should be there (it landed)"
 
     # Nobody waits on that key, and the client lives on: only the keeper can remove it.
-    with distlock.connect(backend_url) as other:
-        waiter = other.lock(lock_name, ttl=TTL)
-        assert waiter.acquire(timeout=10), "the failed join's key still blocks the lock"
-        assert waiter.token > holder.token
-        waiter.release()
+    _next_waiter_gets_it(backend_url, lock_name, after=holder.token)
 
 
 def test_a_join_answered_at_once_is_never_looked_for(
