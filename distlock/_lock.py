@@ -320,10 +320,10 @@ class Lock:
                         ticket = None
                         return False
                     try:
-                        backend.wait(ticket, position, None if remaining == math.inf else remaining, wake)
+                        seen = backend.wait(ticket, position, None if remaining == math.inf else remaining, wake)
                         timed_out = _clock.now() >= deadline
                         if not timed_out and not (wake.fired and wake.reason != _LEASE_LOST):
-                            position = backend.position(ticket)
+                            position = seen if seen is not None else backend.position(ticket)
                             continue
                     except BackendUnavailable:
                         # A read inside the wait may take the whole request_timeout when the server does not answer:

@@ -214,10 +214,11 @@ class Backend(Protocol):
     def position(self, ticket: Ticket) -> Position:
         """Where ``ticket`` stands now."""
 
-    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
+    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
         """Block until the waiter ahead (``position.ahead``) may be gone, ``timeout`` passes or ``interrupt`` fires.
 
-        Returning says only "look again": the caller always re-reads the position.
+        None says only "look again": the caller re-reads the position. A backend that has just read the position
+        itself (etcd reads it once the watch reports the deletion) returns it, and the caller uses it as such.
         """
 
     def dequeue(self, ticket: Ticket) -> bool:

@@ -10,7 +10,10 @@ hex>-<nonce>`` on its client's lease; the key with the smallest create revision 
 the fencing token. A waiter watches only the key just ahead of it, so a release wakes one waiter. The watch starts
 at the store's current revision, not right after the read that found the key ahead (etcd serves a watch that starts
 in the past only every 100 ms); when the watch starts at a later revision than that read, the waiter reads its
-place again before it blocks, so no deletion between the read and the watch goes unseen.
+place again before it blocks, so no deletion between the read and the watch goes unseen. Once the watch reports the
+deletion, the waiter reads its place (its own key, and whatever is still ahead) from the member that reported it, in
+that member's own copy of the store: a copy that already holds the deletion, so the read needs no round through the
+leader, and the caller is handed that read instead of making another.
 
 What can go wrong: any member may be unreachable, frozen, cut off from its quorum, restarting, or between leaders.
 Every request goes to one preferred member; an UNAVAILABLE answer or (with several members) an attempt that takes
@@ -540,10 +543,15 @@ class EtcdBackend:
     def position(self, ticket: Ticket) -> Position:
         # One plain Range, not a read-only Txn: etcd before 3.5.5 panics when a read-only Txn's context is cancelled
         # in flight (etcd-io/etcd#14110) -- a client closed or a deadline hit mid-read would take the member down.
+        request = self._position_request(ticket, serializable=False)
+        response, _ = self._unary(f"read queue of lock {ticket.name!r}", "Range", request)
+        return self._position_of(ticket, response)
+
+    def _position_request(self, ticket: Ticket, *, serializable: bool) -> Any:
         # Create revisions in a queue are unique, so the newest key created at or before our ticket is our own key
         # (gone if it is someone else's), and the one after it in this order is the waiter just ahead of us.
         prefix = self._lock_prefix(ticket.name)
-        request = etcdrpc.RangeRequest(
+        return etcdrpc.RangeRequest(
             key=prefix,
             range_end=_prefix_end(prefix),
             max_create_revision=ticket.revision,
@@ -551,8 +559,11 @@ class EtcdBackend:
             sort_target=etcdrpc.RangeRequest.CREATE,
             limit=2,
             keys_only=True,
+            serializable=serializable,
         )
-        response, _ = self._unary(f"read queue of lock {ticket.name!r}", "Range", request)
+
+    @staticmethod
+    def _position_of(ticket: Ticket, response: Any) -> Position:
         revision = int(response.header.revision)
         kvs = response.kvs
         if not kvs or bytes(kvs[0].key) != ticket.key or int(kvs[0].create_revision) != ticket.revision:
@@ -566,7 +577,25 @@ class EtcdBackend:
             waiters_ahead=int(response.count) - 1,
         )
 
-    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
+    def _position_on(self, member: _Member, ticket: Ticket) -> Position:
+        """Where ``ticket`` stands in ``member``'s own copy of the store (a serializable read, no retries).
+
+        The member whose watch has just reported a revision has applied everything up to it, so its copy is at least
+        that new: what the read finds ahead of us was there at or after the event, and a key of ours deleted before
+        it (a lease revoked behind our back) shows as gone. It saves the round of a linearizable read (on a cluster,
+        the leader's confirmation from a quorum) on the path from a release to the next holder. Any failure falls
+        back to the ordinary linearizable read, which retries across members.
+        """
+        budget = self.request_timeout if len(self._endpoints) == 1 else _FIRST_ATTEMPT
+        try:
+            response = member.kv.Range(
+                self._position_request(ticket, serializable=True), timeout=budget, metadata=self._metadata()
+            )
+        except (grpc.RpcError, ValueError):
+            return self.position(ticket)
+        return self._position_of(ticket, response)
+
+    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
         # Watch from "now", not from the read's revision + 1: etcd serves a watch that starts in the past from its
         # unsynced-watcher loop, every 100 ms, and under contention the revision has always moved on by the time
         # the watch is created. A deletion between our read and the watch's start would then go unseen, so when
@@ -588,7 +617,7 @@ class EtcdBackend:
             requests.close()
             if not _closed_channel(e):
                 raise
-            return  # the caller's next read reports the closed client
+            return None  # the caller's next read reports the closed client
         unregister = interrupt.on_fire(responses.cancel)
         watched = self._watchdog.watch(member, responses, requests) if len(self._endpoints) > 1 else None
         try:
@@ -598,15 +627,18 @@ class EtcdBackend:
                 if response.canceled or response.compact_revision:
                     if response.canceled and "no leader" in response.cancel_reason:
                         self._fail_over(member)
-                    return  # refused, or compacted: read the queue again
+                    return None  # refused, or compacted: read the queue again
                 if response.created:
                     if int(response.header.revision) > read_at:
-                        now = self.position(ticket)
+                        now = self._position_on(member, ticket)
                         if now.held or now.gone or now.ahead != position.ahead:
-                            return
+                            return now
                     continue
                 if response.events:
-                    return
+                    # The key ahead is gone: where do we stand now? Our own key is read again, too (a waiter whose
+                    # lease was revoked while it waited must not take its turn), in the copy of the member that
+                    # reported the deletion.
+                    return self._position_on(member, ticket)
         except grpc.RpcError as e:
             code = _code(e)
             details = _details(e)
@@ -620,17 +652,17 @@ class EtcdBackend:
                 or "context deadline exceeded" in details
                 or "context canceled" in details
             ):
-                return
+                return None
             if code in _RETRYABLE:
                 # The member went away mid-watch, or has no leader. Move on, and pause briefly so a dead cluster is
                 # not spun on; the caller's next read retries across members and raises if the cluster stays away.
                 self._fail_over(member)
                 pause = 0.05 if timeout is None else min(0.05, max(timeout - (_clock.now() - started), 0))
                 time.sleep(pause)
-                return
+                return None
             if _is_expired_token(e) and self._username is not None:
                 self._authenticate(_clock.now() + self.request_timeout)
-                return
+                return None
             raise self._translate(e, f"watch for lock {ticket.name!r}") or e from e
         finally:
             if watched is not None:
@@ -638,6 +670,7 @@ class EtcdBackend:
             unregister()
             responses.cancel()
             requests.close()
+        return None  # the stream ended without an answer: read the queue again
 
     def dequeue(self, ticket: Ticket) -> bool:
         request = etcdrpc.TxnRequest(
