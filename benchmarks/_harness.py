@@ -981,6 +981,10 @@ class Contended:
         return min(counts, default=0), max(counts, default=0)
 
     @property
+    def requests_per_acquisition(self) -> float:
+        return per(self.outcome.requests.total(), self.acquisitions)
+
+    @property
     def fairness(self) -> float:
         low, high = self.per_process
         return low / high if high else math.nan
@@ -1006,7 +1010,7 @@ class Contended:
                 labels[self.lock],
                 str(self.processes),
                 f"{self.rate:.1f}",
-                f"{per(self.outcome.requests.total(), self.acquisitions):.2f}",
+                f"{self.requests_per_acquisition:.2f}",
                 ms(percentile(samples, 50)),
                 ms(percentile(samples, 99)),
                 f"{low}..{high}",
@@ -1044,13 +1048,15 @@ class LockResults:
     def uncontended_by_lock(self) -> dict[str, Uncontended]:
         return {u.result.lock: u for u in self.uncontended}
 
-    def floor_lines(self) -> list[str]:
-        """distlock's uncontended median ÷ the floor's (the locks ``distlock`` and ``raw``), if both were measured."""
+    def floor_lines(self, bound: float | None = None) -> list[str]:
+        """distlock's uncontended median ÷ the floor's (the locks ``distlock`` and ``raw``), if both were measured;
+        with ``bound``, whether it stays within it."""
         by_lock = self.uncontended_by_lock
         if "distlock" not in by_lock or "raw" not in by_lock:
             return []
-        floor = ratio(by_lock["distlock"].median, by_lock["raw"].median)
-        return [f"- Uncontended, distlock median ÷ raw floor median: {floor}"]
+        ours, floor = by_lock["distlock"].median, by_lock["raw"].median
+        beside = "" if bound is None else target(ours / floor, bound)
+        return [f"- Uncontended, distlock median ÷ raw floor median: {ratio(ours, floor)}{beside}"]
 
 
 def measure(server: ServerUnderTest, args: argparse.Namespace, run: Run, plan: Plan) -> LockResults:

@@ -65,11 +65,14 @@ from benchmarks._harness import (
     section,
     summary,
     table_row,
+    verdict,
 )
 from distlock.celery import SingletonTask
 from distlock.testing import RedisServer
 
 NAME = "celery-overhead"
+#: What each mode's burst throughput should reach, as a share of the plain task's.
+BURST_TARGETS = {"run": 0.7, "enqueue": 0.5}
 KINDS = {
     "plain": "plain `@app.task`",
     "run": '`SingletonTask`, `lock_on="run"`',
@@ -267,11 +270,14 @@ def render(*, run: Run, machine: list[str], kinds: dict[str, Kind]) -> str:
     ]
     for key in ("run", "enqueue"):
         kind = kinds[key]
+        bound = BURST_TARGETS[key]
         trip = median(kind.round_trips.seconds) - median(plain.round_trips.seconds)
         work = median(kind.in_worker) - median(plain.in_worker)
         rate = NA
         if kind.burst and plain.burst:
-            rate = ratio(kind.burst[0] / kind.burst[1], plain.burst[0] / plain.burst[1])
+            share = (kind.burst[0] / kind.burst[1]) / (plain.burst[0] / plain.burst[1])
+            rate = f"{ratio(kind.burst[0] / kind.burst[1], plain.burst[0] / plain.burst[1])} (target ≥ {bound:g}x: "
+            rate += f"{verdict(share >= bound)})"
         lines.append(
             f"- {KINDS[key]}: +{ms(trip)} ms per round trip (median), +{ms(work)} ms in the worker (median); "
             f"burst throughput {rate} of the plain task's"

@@ -59,6 +59,7 @@ from benchmarks._harness import (
     section,
     summary,
     uncontended_table,
+    verdict,
 )
 
 NAME = "etcd-locks"
@@ -194,9 +195,17 @@ def render(run: Run, machine: list[str], args: argparse.Namespace, results: Lock
     return section(NAME, lines)
 
 
+#: The targets: uncontended cost over the raw floor, contended rate over python-etcd3's unfair `Lock` at each
+#: process count (with fairness), and requests per contended acquisition.
+_FLOOR_TARGET = 1.15
+_RATE_TARGETS = {8: 1.0, 32: 3.5}
+_FAIRNESS_TARGET = 0.9
+_RPC_TARGET = 4.0
+
+
 def _ratios(processes: list[int], results: LockResults) -> list[str]:
     by_lock = results.uncontended_by_lock
-    lines = results.floor_lines()
+    lines = results.floor_lines(_FLOOR_TARGET)
     if "distlock" in by_lock and "python-etcd3" in by_lock:
         ours, theirs = by_lock["distlock"], by_lock["python-etcd3"]
         lines.append(
@@ -204,11 +213,25 @@ def _ratios(processes: list[int], results: LockResults) -> list[str]:
             f"p99 {ratio(ours.p99, theirs.p99)}, "
             f"RPCs {ratio(ours.requests_per_acquisition, theirs.requests_per_acquisition)}"
         )
-    rates = {(c.lock, c.processes): c.rate for c in results.contended}
+    runs = {(c.lock, c.processes): c for c in results.contended}
     for n in processes:
-        if ("distlock", n) in rates and ("python-etcd3", n) in rates:
-            rate = ratio(rates["distlock", n], rates["python-etcd3", n])
-            lines.append(f"- {n} processes, acquisitions/s of distlock ÷ python-etcd3 `Lock`: {rate}")
+        if ("distlock", n) in runs and ("python-etcd3", n) in runs:
+            ours_c, theirs_c = runs["distlock", n], runs["python-etcd3", n]
+            rate = ratio(ours_c.rate, theirs_c.rate)
+            line = f"- {n} processes, acquisitions/s of distlock ÷ python-etcd3 `Lock`: {rate}"
+            if n in _RATE_TARGETS:
+                met = ours_c.rate >= _RATE_TARGETS[n] * theirs_c.rate and ours_c.fairness >= _FAIRNESS_TARGET
+                line += (
+                    f", fairness {ours_c.fairness:.2f} (target ≥ {_RATE_TARGETS[n]:g}x with fairness ≥ "
+                    f"{_FAIRNESS_TARGET:g}: {verdict(met)})"
+                )
+            lines.append(line)
+        if ("distlock", n) in runs:
+            rpcs = runs["distlock", n].requests_per_acquisition
+            lines.append(
+                f"- {n} processes, distlock RPCs per contended acquisition: {rpcs:.2f} "
+                f"(target ≤ {_RPC_TARGET:g}: {verdict(rpcs <= _RPC_TARGET)})"
+            )
     return lines
 
 
