@@ -10,7 +10,7 @@ Inside that lock (``@distributed_lock("account:{pk}")``, ``with distributed_lock
 name), writes carry the lock's fencing token and the database refuses them once a newer holder has touched the row:
 
 - ``Account.objects.filter(...).fenced()`` — like ``select_for_update()``: when evaluated it first *claims* the
-  rows (``UPDATE ... SET fence_token = :t WHERE pk IN (...) AND fence_token <= :t``) and then reads them.
+  rows (sets ``fence_token = :t`` where it is ``<= :t``) and then reads them, all or nothing.
   Claiming on read is what stops lost updates: a write-only guard lets a paused holder that read before a newer
   holder write after it, and both writes pass. Once the newer holder has claimed, the old one's write is refused.
 - ``save()`` updates with ``WHERE fence_token <= :t`` and stores ``:t``; ``delete()`` claims, then deletes;
@@ -18,6 +18,24 @@ name), writes carry the lock's fencing token and the database refuses them once 
   token, all or nothing.
 - 0 rows where 1 was expected raise ``StaleFenceToken`` (with the token, the row and the newer token found); the
   transaction of a bulk update is rolled back, so no row is skipped silently.
+
+How a claim runs. Where the database has ``UPDATE ... RETURNING`` (PostgreSQL, SQLite >= 3.35) and the rows can be
+named in SQL, one statement claims and reads::
+
+    UPDATE account SET fence_token = CASE WHEN <row of lock :name> AND fence_token <= :t THEN :t END
+    WHERE <the queryset's filter> RETURNING <the queryset's columns>
+
+``:name``/``:t`` are the fence (the one passed, else the innermost lock held). A row of another lock, or one a newer
+holder has claimed, gets NULL, which ``fence_token``'s NOT NULL refuses: the statement fails whole and writes nothing,
+and the claim is made again the long way, which raises the precise error (or claims rows of several held locks, each
+with its own token). Inside a transaction that statement runs in a savepoint, so a refused claim leaves the
+caller's transaction usable. The long way — for MySQL and MariaDB (no ``UPDATE ... RETURNING``; MariaDB has it
+for INSERT and DELETE only), a template other than one integer field (``"account:{pk}"``, ``"book:{book_id}"``) or a
+constant, and querysets the statement cannot reproduce (``values()``, ``select_related()``, annotations, ``distinct()``,
+unions, multi-table inheritance, related managers, an ordering other than by non-null numeric, date or boolean
+fields, which Python sorts as the database does) — reads the rows to name their locks, claims them per token in a
+transaction, then reads them again. A deferred row (``only()``/``defer()``) saves its loaded fields only, as
+Django's ``save()`` does.
 
 The token is found in the current context: the innermost held lock *whose name is the row's lock name*. A fence
 of another lock, passed explicitly (``save(fence=...)``), or the only locks held being others, raises
@@ -33,11 +51,17 @@ timeouts.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar, Self, TypeVar
+import operator
+import sqlite3
+import string
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Self, TypeVar, cast
 
-from django.db import models, router, transaction
+from django.core.exceptions import EmptyResultSet, FullResultSet
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals
+from django.db.models.query import ModelIterable, prefetch_related_objects
 
 import distlock
 from distlock import Fence, KeyTemplate, LockNotOwned, StaleFenceToken, UnfencedWrite
@@ -112,6 +136,76 @@ def fence_of(
     )
 
 
+_INTEGER_TYPES = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "BigIntegerField",
+        "IntegerField",
+        "PositiveBigIntegerField",
+        "PositiveIntegerField",
+        "PositiveSmallIntegerField",
+        "SmallAutoField",
+        "SmallIntegerField",
+    }
+)
+# Values Python orders as every database does; text is left out (the database's collation decides its order).
+_SORTABLE_TYPES = _INTEGER_TYPES | {"BooleanField", "DateField", "DateTimeField", "DecimalField", "DurationField"}
+_formatter = string.Formatter()
+
+
+def _returning_claims(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` can claim and read rows in one ``UPDATE ... RETURNING``."""
+    if connection.vendor == "postgresql":
+        return True
+    # Django's SQLite backend runs on the standard library's sqlite3, so its library version is the database's.
+    return connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+
+
+def _column(model: type[models.Model], name: str) -> models.Field[Any, Any] | None:
+    """The concrete field a template field or an ordering names by ``pk`` or its attname (not a relation's name)."""
+    meta = model._meta
+    if name == "pk":
+        return meta.pk
+    return next((f for f in meta.concrete_fields if f.attname == name), None)
+
+
+def _field_type(field: models.Field[Any, Any]) -> str:
+    target = field.target_field if isinstance(field, models.ForeignKey) else field
+    return target.get_internal_type()
+
+
+def _rows_of_lock(
+    model: type[models.Model], name: str, connection: BaseDatabaseWrapper
+) -> tuple[str, list[Any]] | None:
+    """SQL (``"id" = %s AND ``, and its parameters) true exactly for the rows guarded by lock ``name``; None when
+    SQL cannot say it, or no row can be.
+
+    Said for a constant template and for one integer field (``"account:{pk}"``): the name is parsed back into the
+    field's value, which renders to exactly that name (``str(int)`` is canonical); any other template: None.
+    """
+    template = _template(model).template
+    pieces = list(_formatter.parse(template))
+    roots = [field for _, field, _, _ in pieces if field is not None]
+    if not roots:
+        return ("", []) if name == lock_name(template) else None
+    field = _column(model, roots[0]) if len(roots) == 1 else None
+    if field is None or _field_type(field) not in _INTEGER_TYPES:
+        return None
+    before = lock_name(pieces[0][0])
+    after = "".join(literal for literal, _, _, _ in pieces[1:])
+    if len(name) <= len(before) + len(after) or not (name.startswith(before) and name.endswith(after)):
+        return None
+    text = name[len(before) : len(name) - len(after)]
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    if str(value) != text:
+        return None
+    return f"{connection.ops.quote_name(cast(str, field.column))} = %s AND ", [value]
+
+
 def _stale(model: type[models.Model], pk: Any, token: int, using: str, action: str) -> StaleFenceToken:
     current = model._base_manager.using(using).filter(pk=pk).values_list("fence_token", flat=True).first()
     message = distlock.fence_refused(
@@ -142,12 +236,19 @@ class FencedQuerySet(models.QuerySet[_M]):
 
     def _fetch_all(self) -> None:
         if self._result_cache is None and self._distlock_claim is not False:
-            self._claim()
+            rows = self._claim_and_read()
+            if rows is not None:
+                self._result_cache = rows
         super()._fetch_all()
 
     def iterator(self, chunk_size: int | None = None) -> Iterator[Any]:
         if self._distlock_claim is not False:
-            self._claim()
+            rows = self._claim_and_read()
+            if rows is not None:
+                lookups = self._prefetch_related_lookups  # type: ignore[attr-defined]
+                if lookups:
+                    prefetch_related_objects(rows, *lookups)
+                return iter(rows)
         return super().iterator(chunk_size=chunk_size)
 
     def _fences(self, rows: Iterable[models.Model], fence: Fence | distlock.Lock | None) -> dict[int, list[Any]]:
@@ -163,9 +264,135 @@ class FencedQuerySet(models.QuerySet[_M]):
             by_token.setdefault(found.token, []).append(row.pk)
         return by_token
 
-    def _claim(self) -> None:
+    def _claim_and_read(self) -> list[_M] | None:
+        """Claim the rows; return them if the claim read them too (one statement), else None: read them after.
+
+        The one place that picks how a claim runs (the module docstring says when it is one statement).
+        """
         claim = self._distlock_claim
         explicit = claim if isinstance(claim, Fence | distlock.Lock) else None
+        fence = explicit.fence if isinstance(explicit, distlock.Lock) else explicit or distlock.current_fence()
+        statement = None if fence is None else self._claim_statement(fence)
+        if statement is not None:
+            rows = self._claim_returning(*statement)
+            if rows is not None:
+                return rows
+        self._claim(explicit)
+        return None
+
+    def _claim_statement(
+        self, fence: Fence
+    ) -> tuple[str, Sequence[Any], list[models.Field[Any, Any]], list[tuple[str, bool]]] | None:
+        """``UPDATE ... RETURNING`` that claims and reads these rows under ``fence``, the columns it returns and the
+        order to sort them in; None when this database or this queryset's shape needs the long way."""
+        query = self.query
+        meta = self.model._meta
+        connection = connections[self.db]
+        compiler = query.get_compiler(self.db)
+        if (
+            not _returning_claims(connection)
+            or self._iterable_class is not ModelIterable
+            or self._known_related_objects  # type: ignore[attr-defined]
+            or query.select_related
+            or query.annotations
+            or query.extra
+            or query.distinct
+            or query.combinator
+            or query.is_empty()
+            or meta.parents
+            or meta.is_composite_pk
+        ):
+            return None
+        rows_of_lock = _rows_of_lock(self.model, fence.name, connection)
+        ordering = self._python_ordering()
+        mask: Mapping[Any, Any] = query.get_select_mask()  # keyed by field
+        fields = [f for f in meta.concrete_fields if not mask or f in mask]
+        loaded = {f.attname for f in fields}
+        if rows_of_lock is None or ordering is None or any(attname not in loaded for attname, _ in ordering):
+            return None
+        qn = connection.ops.quote_name
+        fence_column = cast("models.Field[Any, Any]", _column(self.model, "fence_token")).column
+        table, token = qn(meta.db_table), qn(cast(str, fence_column))
+        pk = qn(cast(str, meta.pk.column))
+        try:
+            if query.count_active_tables() > 1:
+                # An UPDATE has no joins: the rows are picked in a subquery (its own FROM names the table again).
+                rows_sql, rows_params = self.values("pk").query.get_compiler(self.db).as_sql()
+                where, where_params = f"{pk} IN ({rows_sql})", list(rows_params)
+            else:
+                where, where_params = compiler.compile(query.where)
+        except EmptyResultSet:
+            return None  # nothing to claim (``none()``, ``pk__in=[]``): the long way reads nothing too
+        except FullResultSet:
+            where, where_params = "", []
+        if query.is_sliced and query.count_active_tables() <= 1:
+            # Nor a LIMIT: a slice (``get()`` takes one) picks its rows in a subquery, ordered as the queryset.
+            order = ", ".join(
+                f"{qn(cast(str, cast('models.Field[Any, Any]', _column(self.model, attname)).column))}"
+                f"{' DESC' if descending else ''}"
+                for attname, descending in ordering
+            )
+            limit = connection.ops.limit_offset_sql(query.low_mark, query.high_mark)
+            where = (
+                f"{pk} IN (SELECT {pk} FROM {table}{f' WHERE {where}' if where else ''}"
+                f"{f' ORDER BY {order}' if order else ''} {limit})"
+            )
+        key, key_params = rows_of_lock
+        returning = ", ".join(qn(cast(str, f.column)) for f in fields)
+        statement = (
+            f"UPDATE {table} SET {token} = CASE WHEN {key}{token} <= %s THEN %s END"
+            f"{f' WHERE {where}' if where else ''} RETURNING {returning}"
+        )
+        return statement, [*key_params, fence.token, fence.token, *where_params], fields, ordering
+
+    def _python_ordering(self) -> list[tuple[str, bool]] | None:
+        """The queryset's ordering as ``(attname, descending)`` keys, or None where Python could sort otherwise than
+        the database (expressions, relations, text, nullable or float fields, ``?``, ``extra()``)."""
+        query = self.query
+        if query.extra_order_by:
+            return None
+        ordering = query.order_by or (self.model._meta.ordering if query.default_ordering else None) or ()
+        keys = []
+        for item in ordering:
+            if not isinstance(item, str):
+                return None
+            field = _column(self.model, item.removeprefix("-"))
+            if field is None or field.null or field.is_relation or _field_type(field) not in _SORTABLE_TYPES:
+                return None
+            keys.append((field.attname, item.startswith("-")))
+        return keys
+
+    def _claim_returning(
+        self,
+        statement: str,
+        params: Sequence[Any],
+        fields: list[models.Field[Any, Any]],
+        ordering: list[tuple[str, bool]],
+    ) -> list[_M] | None:
+        """Run :meth:`_claim_statement`'s statement: the rows claimed and read, or None if it was refused whole."""
+        using = self.db
+        connection = connections[using]
+        # One statement is atomic on its own. In a transaction it runs in a savepoint: a refused statement aborts a
+        # PostgreSQL transaction, and the caller's must stay usable, as the long way's claim leaves it.
+        context = contextlib.nullcontext() if connection.get_autocommit() else transaction.atomic(using=using)
+        try:
+            with context, connection.cursor() as cursor:
+                cursor.execute(statement, params)
+                values: Iterable[Sequence[Any]] = cursor.fetchall()
+        except IntegrityError:
+            return None  # a row of another lock or claimed by a newer holder: the long way tells which
+        compiler = self.query.get_compiler(using)
+        converters = compiler.get_converters([f.get_col(self.model._meta.db_table) for f in fields])
+        if converters:
+            values = compiler.apply_converters(values, converters)
+        names = [f.attname for f in fields]
+        rows = [self.model.from_db(using, names, row) for row in values]
+        for attname, descending in reversed(ordering):  # RETURNING has no order: sort by the last key first
+            rows.sort(key=operator.attrgetter(attname), reverse=descending)
+        return rows
+
+    def _claim(self, explicit: Fence | distlock.Lock | None) -> None:
+        """The long way: read the rows to name their locks, claim them per token in a transaction."""
         using = self.db
         base = self.model._base_manager.using(using)
         rows = list(base.filter(pk__in=self.values("pk")))
@@ -245,12 +472,26 @@ class FencedModel(models.Model):
         if found is None:
             super().save(*args, **kwargs)
             return
-        self._fenced_update(found.token, using, kwargs.get("update_fields"))
+        update_fields = self._fields_to_save(using, kwargs.get("update_fields"))
+        if update_fields is not None and not update_fields:
+            return  # as Django's save(): update_fields=[] saves nothing and sends no signal
+        self._fenced_update(found.token, using, update_fields)
 
-    def _fenced_update(self, token: int, using: str, update_fields: Iterable[str] | None) -> None:
+    def _fields_to_save(self, using: str, update_fields: Iterable[str] | None) -> frozenset[str] | None:
+        """The fields an update writes, picked as Django's ``save()`` picks them: those named, else, for a row
+        loaded with ``only()``/``defer()`` and saved to its own database, the loaded ones; None: every field."""
+        if update_fields is not None:
+            return frozenset(update_fields)
+        concrete = self._meta.concrete_fields
+        deferred = {f.attname for f in concrete if f.attname not in self.__dict__ and not f.generated}
+        if not deferred or using != self._state.db:
+            return None
+        loaded = {f.attname for f in concrete if not f.primary_key}.difference(deferred)
+        return frozenset(loaded) if loaded else None
+
+    def _fenced_update(self, token: int, using: str, update_fields: frozenset[str] | None) -> None:
         model = type(self)
         meta = self._meta
-        names = None if update_fields is None else set(update_fields)
         signals.pre_save.send(
             sender=model.__mro__[0], instance=self, raw=False, using=using, update_fields=update_fields
         )
@@ -259,7 +500,7 @@ class FencedModel(models.Model):
             for field in meta.concrete_fields
             if not field.primary_key
             and field.attname != "fence_token"
-            and (names is None or field.name in names or field.attname in names)
+            and (update_fields is None or field.name in update_fields or field.attname in update_fields)
         }
         # As Django's own save_base(): one UPDATE needs no transaction of its own (a stale one matches no row and
         # writes nothing); an inherited model's UPDATE spans its parents' tables, and those run in one transaction.
@@ -279,7 +520,7 @@ class FencedModel(models.Model):
             sender=model.__mro__[0],
             instance=self,
             created=False,
-            update_fields=frozenset(update_fields) if update_fields is not None else None,
+            update_fields=update_fields,
             raw=False,
             using=using,
         )

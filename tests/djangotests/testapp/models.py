@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import datetime
+
 from django.db import models
 
 from distlock_django import FencedManager, FencedModel
@@ -24,3 +26,18 @@ class Plain(models.Model):
 
     class Meta:
         app_label = "testapp"
+
+
+class Entry(FencedModel):
+    """Entries of one book share its lock, so one token claims many rows; ordered by posting date by default."""
+
+    book: models.IntegerField[int, int] = models.IntegerField()
+    amount: models.IntegerField[int, int] = models.IntegerField(default=0)
+    posted: models.DateField[datetime.date, datetime.date] = models.DateField(default=datetime.date(2026, 1, 1))
+    memo: models.CharField[str, str] = models.CharField(max_length=50, default="")
+
+    fence_lock = "book:{book}"
+
+    class Meta:
+        app_label = "testapp"
+        ordering = ("-posted", "pk")
