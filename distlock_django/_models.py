@@ -61,6 +61,7 @@ from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals
+from django.db.models.lookups import Exact
 from django.db.models.query import ModelIterable, prefetch_related_objects
 
 import distlock
@@ -206,6 +207,21 @@ def _rows_of_lock(
     return f"{connection.ops.quote_name(cast(str, field.column))} = %s AND ", [value]
 
 
+def _one_row_kept(query: Any) -> bool:
+    """Whether a sliced query keeps its one possible row: its filter pins the primary key (``pk=``, as in
+    ``get(pk=...)``), so at most one row matches, and the slice starts at it. Such a slice needs no subquery."""
+    where = query.where
+    if query.low_mark or query.high_mark == 0 or where.connector != "AND" or where.negated:
+        return False
+    pk = query.get_meta().pk
+    return any(
+        isinstance(child, Exact)
+        and getattr(child.lhs, "target", None) is pk
+        and getattr(child.rhs, "resolve_expression", None) is None
+        for child in where.children
+    )
+
+
 def _stale(model: type[models.Model], pk: Any, token: int, using: str, action: str) -> StaleFenceToken:
     current = model._base_manager.using(using).filter(pk=pk).values_list("fence_token", flat=True).first()
     message = distlock.fence_refused(
@@ -325,7 +341,7 @@ class FencedQuerySet(models.QuerySet[_M]):
             return None  # nothing to claim (``none()``, ``pk__in=[]``): the long way reads nothing too
         except FullResultSet:
             where, where_params = "", []
-        if query.is_sliced and query.count_active_tables() <= 1:
+        if query.is_sliced and query.count_active_tables() <= 1 and not _one_row_kept(query):
             # Nor a LIMIT: a slice (``get()`` takes one) picks its rows in a subquery, ordered as the queryset.
             order = ", ".join(
                 f"{qn(cast(str, cast('models.Field[Any, Any]', _column(self.model, attname)).column))}"

@@ -154,6 +154,10 @@ def test_a_slice_claims_only_its_rows(db_alias: str, claim_path: str) -> None:
         first_two = list(Entry.objects.filter(book=1).order_by("amount").fenced()[:2])
     assert [r.amount for r in first_two] == [0, 10]
     assert sorted(tokens().values()) == [0, 0, 0, token, token]
+    with book_lock(1):
+        past_the_only_row = list(Entry.objects.filter(pk=first_two[0].pk).fenced()[1:])
+    assert past_the_only_row == []
+    assert sorted(tokens().values()) == [0, 0, 0, token, token], "a slice claimed a row it did not return"
 
 
 def test_only_and_defer_come_back_deferred(db_alias: str, claim_path: str) -> None:
