@@ -167,7 +167,7 @@ def test_only_and_defer_come_back_deferred(db_alias: str, claim_path: str) -> No
         deferred = list(Entry.objects.filter(book=1).defer("memo", "posted").fenced())
     plain_only = list(Entry.objects.filter(book=1).only("amount"))
     assert [r.get_deferred_fields() for r in only] == [r.get_deferred_fields() for r in plain_only]
-    assert only[0].get_deferred_fields() == {"book", "posted", "memo", "fence_token"}
+    assert only[0].get_deferred_fields() == {"book", "posted", "memo", "account_id", "fence_token"}
     assert {r.amount for r in only} == {0, 10, 20, 30, 40}
     assert deferred[0].get_deferred_fields() == {"memo", "posted"}
     assert {r.fence_token for r in deferred} == {token}
@@ -182,6 +182,31 @@ def test_values_and_iterator_claim_too(db_alias: str, claim_path: str) -> None:
         streamed = list(Entry.objects.filter(book=1).fenced().iterator())
     assert {r.fence_token for r in streamed} == {newer_token}
     assert set(tokens().values()) == {newer_token}
+
+
+def test_a_filter_across_a_join_and_a_related_manager_claim_their_rows(db_alias: str, claim_path: str) -> None:
+    account = Account.objects.create(balance=5, note="joined")
+    made = entries()
+    Entry.objects.filter(pk__in=[made[1].pk, made[3].pk]).update(account=account)
+    with book_lock(1) as token:
+        with statements(db_alias) as ran:
+            joined = list(Entry.objects.filter(book=1, account__note="joined").fenced())
+        related = list(account.entry_set.fenced())
+    assert (len(ran) == 1) == (claim_path == "one statement"), ran
+    assert sorted(r.pk for r in joined) == sorted(r.pk for r in related) == sorted([made[1].pk, made[3].pk])
+    assert {r.fence_token for r in joined + related} == {token}
+    assert sorted(tokens().values()) == [0, 0, 0, token, token]
+
+
+def test_an_explicit_fence_is_the_one_claimed_with(db_alias: str, claim_path: str) -> None:
+    entries()
+    with get_client().lock(lock_name("book:1"), ttl=10) as lock, get_client().lock(lock_name("book:2"), ttl=10):
+        # The innermost lock held is book:2's; the fence passed is book:1's, the rows' own.
+        rows = list(Entry.objects.filter(book=1).fenced(lock))
+        assert {r.fence_token for r in rows} == {lock.token}
+        with pytest.raises(distlock.LockNotOwned):
+            list(Entry.objects.filter(book=1).fenced(distlock.Fence(lock_name("book:2"), lock.token + 1)))
+        assert set(tokens().values()) == {lock.token}
 
 
 @pytest.mark.parametrize("defer", [False, True], ids=["only", "defer"])

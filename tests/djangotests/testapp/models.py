@@ -35,6 +35,9 @@ class Entry(FencedModel):
     amount: models.IntegerField[int, int] = models.IntegerField(default=0)
     posted: models.DateField[datetime.date, datetime.date] = models.DateField(default=datetime.date(2026, 1, 1))
     memo: models.CharField[str, str] = models.CharField(max_length=50, default="")
+    account: models.ForeignKey[Account | None, Account | None] = models.ForeignKey(
+        Account, null=True, on_delete=models.CASCADE
+    )
 
     fence_lock = "book:{book}"
 
