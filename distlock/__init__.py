@@ -31,6 +31,7 @@ from ._errors import (
     InvalidKeyTemplate,
     InvalidLockName,
     LockError,
+    LockKindMismatch,
     LockLost,
     LockNotAcquired,
     LockNotOwned,
@@ -40,6 +41,7 @@ from ._errors import (
 from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refused, stale_token_message
 from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
 from ._protocol import Holder, LockState, Waiter
+from ._rwlock import AsyncRWLock, RWLock
 from ._seconds import seconds
 from ._table import format_lock_table
 from ._template import KeyTemplate
@@ -51,6 +53,7 @@ logging.getLogger("distlock").addHandler(logging.NullHandler())
 
 __all__ = [
     "AsyncLock",
+    "AsyncRWLock",
     "AuthenticationFailed",
     "BackendError",
     "BackendUnavailable",
@@ -66,11 +69,13 @@ __all__ = [
     "KeyTemplate",
     "Lock",
     "LockError",
+    "LockKindMismatch",
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
     "LockOptions",
     "LockState",
+    "RWLock",
     "StaleFenceToken",
     "UnfencedWrite",
     "Waiter",

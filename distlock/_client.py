@@ -38,8 +38,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ._errors import ClientClosed, ConfigurationError
 from ._lock import AsyncLock, Lock, LockOptions
 from ._protocol import Backend, Holder, Inspectable, LockState
+from ._rwlock import AsyncRWLock, RWLock
 from ._seconds import seconds
 from ._session import Keeper
+from ._shape import semaphore_kind
 from .backends import SCHEMES, Scheme
 
 __all__ = ["Client", "connect"]
@@ -80,6 +82,29 @@ class Client:
     def async_lock(self, name: str, **options: Unpack[LockOptions]) -> AsyncLock:
         """The asyncio twin of :meth:`lock`."""
         return AsyncLock(self.lock(name, **options))
+
+    def semaphore(self, name: str, limit: int, **options: Unpack[LockOptions]) -> Lock:
+        """A handle on semaphore ``name``: at most ``limit`` handles hold it at once, in FIFO order, each with its
+        own fencing token. The handle is a :class:`Lock` (same options, ``with``, ``token``, ``lost``...); a name is
+        used with one limit at a time (``LockKindMismatch`` otherwise). Raises ``ConfigurationError`` for a
+        ``limit`` that is not an int from 1 to 10,000."""
+        lock = self.lock(name, **options)
+        lock._kind = semaphore_kind(limit)
+        return lock
+
+    def async_semaphore(self, name: str, limit: int, **options: Unpack[LockOptions]) -> AsyncLock:
+        """The asyncio twin of :meth:`semaphore`."""
+        return AsyncLock(self.semaphore(name, limit, **options))
+
+    def rwlock(self, name: str, **options: Unpack[LockOptions]) -> RWLock:
+        """A read/write lock on ``name``: ``.read()`` and ``.write()`` make lock handles with these options (many
+        readers or one writer, FIFO between them; see :class:`RWLock`)."""
+        self._check_open()
+        return RWLock(self, name, **options)
+
+    def async_rwlock(self, name: str, **options: Unpack[LockOptions]) -> AsyncRWLock:
+        """The asyncio twin of :meth:`rwlock`."""
+        return AsyncRWLock(self.rwlock(name, **options))
 
     def holder(self, name: str) -> Holder | None:
         """Who holds lock ``name`` now (its owner id, the token, the number of waiters), or None."""

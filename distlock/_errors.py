@@ -14,7 +14,8 @@ translated at the backend boundary and kept as ``__cause__``. The tree::
     ├── LockError                              about one lock; carries ``name``
     │   ├── LockNotAcquired                    not acquired within ``timeout`` (or at once when not blocking)
     │   ├── LockNotOwned                       released or read while this handle does not hold it
-    │   └── LockLost                           the lease behind it expired, was revoked, or the hold time ran out
+    │   ├── LockLost                           the lease behind it expired, was revoked, or the hold time ran out
+    │   └── LockKindMismatch                   one name used as two primitives at once (a lock and a semaphore, ...)
     ├── ClientClosed                           the client was closed (a wait on it ends with this too)
     ├── StaleFenceToken                        the database refused a write made with an older fencing token
     └── UnfencedWrite                          strict mode: a write to a fenced row without its lock's token
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidKeyTemplate",
     "InvalidLockName",
     "LockError",
+    "LockKindMismatch",
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
@@ -94,6 +96,11 @@ class LockLost(LockError):
 
     Another process may hold it now. Only fenced writes are still safe.
     """
+
+
+class LockKindMismatch(LockError):
+    """A lock name used as two different primitives at once (a lock and a semaphore, two semaphore limits, a
+    read/write lock and a plain lock): its queue could not say who holds. Use one kind (and one limit) per name."""
 
 
 class ClientClosed(DistlockError):

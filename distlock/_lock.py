@@ -84,6 +84,7 @@ from ._names import validate_name
 from ._protocol import Interrupt, LeaseGone, Ticket, owner_record
 from ._seconds import seconds
 from ._session import Session, Stray
+from ._shape import MUTEX
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -198,6 +199,9 @@ class Lock:
         self._wake: Interrupt | None = None
         self._stray: Stray | None = None  # the current key's, when its join was sent more than once
         self._handed_over = False  # hand_over() was called on the current hold
+        #: The kind of this handle's queue entries (``_shape``): a lock's, unless a semaphore or read/write lock
+        #: made the handle.
+        self._kind = MUTEX
 
     def __repr__(self) -> str:
         if self._ticket is not None and self._own_ticket() is None:
@@ -280,7 +284,7 @@ class Lock:
             keeper.attach(session, self)
             ticket: Ticket | None = None
             try:
-                nonce = secrets.token_hex(8)
+                nonce = secrets.token_hex(8) if self._kind == MUTEX else f"{self._kind}.{secrets.token_hex(8)}"
                 try:
                     record = owner_record(self.owner or nonce)
                     ticket, position = backend.enqueue(self.name, session.lease.id, nonce, record)

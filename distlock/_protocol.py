@@ -16,7 +16,9 @@ protocol. A backend only knows how to
 - name the current holder of a lock (and, optionally, list every lock: :class:`Inspectable`).
 
 A ticket at the head of its queue holds the lock. Its ``revision`` is the fencing token: it must strictly increase
-from one holder of a name to the next, and survive client and server restarts.
+from one holder of a name to the next, and survive client and server restarts. Semaphores and read/write locks use
+the same queue with a *kind* per entry, carried in the nonce the core passes to ``enqueue`` (``_shape``): a ticket
+holds when fewer than its limit of the entries ahead conflict with it, and ``position`` answers by that rule.
 
 Errors: a backend raises only :mod:`distlock` errors (``BackendUnavailable``, ``AuthenticationFailed``, ...), with the
 client library's exception as ``__cause__``, after retrying what is safe to retry within its request timeout.
@@ -135,11 +137,20 @@ class Waiter:
 
 @dataclass(frozen=True)
 class LockState:
-    """A lock with a holder: who holds it and who waits, in queue order."""
+    """A lock with a holder: who holds it and who waits, in queue order.
+
+    ``holders`` lists every entry that holds, in queue order (several for a semaphore or readers of a read/write
+    lock; left out, it is ``(holder,)``); ``holder`` is the first of them, and ``waiters`` are the entries that wait.
+    """
 
     name: str
     holder: Waiter
     waiters: tuple[Waiter, ...]
+    holders: tuple[Waiter, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.holders:
+            object.__setattr__(self, "holders", (self.holder,))
 
 
 @runtime_checkable

@@ -15,16 +15,18 @@ __all__ = ["format_lock_table"]
 
 
 def format_lock_table(states: Iterable[LockState], *, prefix: str = "") -> str:
-    """The locks whose names start with ``prefix`` as a text table, holder first, then the waiters in queue order.
+    """The locks whose names start with ``prefix`` as a text table, holders first (several for a semaphore or
+    readers), then the waiters in queue order.
 
     Columns: lock name, role (``holder`` or ``waiter N``), fencing token, the seconds the entry's lease has left
     (``-`` when the service cannot tell), and the owner id. Without any lock: ``no locks held``.
     """
     rows = [
-        (state.name, "holder" if position == 0 else f"waiter {position}", entry)
+        (state.name, "holder" if position < len(holders) else f"waiter {position - len(holders) + 1}", entry)
         for state in states
         if state.name.startswith(prefix)
-        for position, entry in enumerate((state.holder, *state.waiters))
+        for holders in (state.holders,)
+        for position, entry in enumerate((*holders, *state.waiters))
     ]
     if not rows:
         return "no locks held"

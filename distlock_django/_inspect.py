@@ -20,7 +20,8 @@ __all__ = ["LockRow", "describe", "find_locks", "lock_table"]
 
 @dataclass(frozen=True)
 class LockRow:
-    """One line of the inspector: a holder (``position`` 0) or a waiter (1, 2, ...)."""
+    """One line of the inspector: a holder (``position`` 0; every holder of a semaphore or readers) or a waiter
+    (1, 2, ...)."""
 
     name: str
     position: int
@@ -36,7 +37,9 @@ def lock_table(prefix: str | None = None) -> list[LockRow]:
     for state in get_client().inspect():
         if not state.name.startswith(wanted):
             continue
-        for position, waiter in enumerate((state.holder, *state.waiters)):
+        for holder in state.holders:
+            rows.append(LockRow(state.name, 0, holder.owner, holder.token, holder.ttl_left))
+        for position, waiter in enumerate(state.waiters, start=1):
             rows.append(LockRow(state.name, position, waiter.owner, waiter.token, waiter.ttl_left))
     return rows
 

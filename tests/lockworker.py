@@ -2,7 +2,8 @@
 
 Run as ``python lockworker.py URL``. Commands (one JSON object a line) and answers:
 
-- ``{"op": "acquire", "name": N, "ttl": S, "timeout": S}`` → ``{"acquired": bool, "token": int|null}``
+- ``{"op": "acquire", "name": N, "ttl": S, "timeout": S}`` → ``{"acquired": bool, "token": int|null}`` (with
+  ``"limit": L``: a slot of semaphore N of limit L)
 - ``{"op": "status"}`` → ``{"owned": bool, "lost": bool}``
 - ``{"op": "ensure_held"}`` / ``{"op": "release"}`` → ``{"ok": true}`` or ``{"error": "LockLost", "message": ...}``
 - ``{"op": "exit"}``
@@ -29,7 +30,13 @@ def main() -> None:
         answer: dict[str, Any]
         try:
             if op == "acquire":
-                lock = client.lock(command["name"], ttl=command["ttl"], timeout=command.get("timeout", 60))
+                options: distlock.LockOptions = {"ttl": command["ttl"], "timeout": command.get("timeout", 60)}
+                limit = command.get("limit")
+                lock = (
+                    client.lock(command["name"], **options)
+                    if limit is None
+                    else client.semaphore(command["name"], limit, **options)
+                )
                 acquired = lock.acquire()
                 answer = {"acquired": acquired, "token": lock.token if acquired else None}
             elif op == "status":

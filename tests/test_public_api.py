@@ -12,11 +12,12 @@ import distlock
 import distlock.backends
 
 CONTRACT = {
-    "AsyncLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache", "ClientClosed",
-    "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate",
-    "Lock", "LockError", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "StaleFenceToken",
-    "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token", "fence_for",
-    "fence_for_write", "fence_refused", "format_lock_table", "seconds", "stale_token_message",
+    "AsyncLock", "AsyncRWLock", "AuthenticationFailed", "BackendError", "BackendUnavailable", "Client", "ClientCache",
+    "ClientClosed", "ConfigurationError", "DistlockError", "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName",
+    "KeyTemplate", "Lock", "LockError", "LockKindMismatch", "LockLost", "LockNotAcquired", "LockNotOwned",
+    "LockOptions", "LockState", "RWLock", "StaleFenceToken", "UnfencedWrite", "Waiter", "connect", "current_fence",
+    "current_lock", "current_token", "fence_for", "fence_for_write", "fence_refused", "format_lock_table", "seconds",
+    "stale_token_message",
 }  # fmt: skip
 
 
@@ -43,6 +44,7 @@ def test_the_scheme_table_is_public() -> None:
         (distlock.LockNotAcquired, (distlock.LockError,)),
         (distlock.LockNotOwned, (distlock.LockError,)),
         (distlock.LockLost, (distlock.LockError,)),
+        (distlock.LockKindMismatch, (distlock.LockError,)),
         (distlock.StaleFenceToken, (distlock.DistlockError,)),
         (distlock.UnfencedWrite, (distlock.DistlockError,)),
     ],

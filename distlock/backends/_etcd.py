@@ -33,6 +33,7 @@ the server no longer knows raises ``LeaseGone``, and the core starts a new sessi
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import queue
 import random
@@ -47,6 +48,7 @@ from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, Cl
 from .._names import escape_name, unescape_name
 from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 from .._retry import Attempt, ErrorTable, retrying
+from .._shape import MUTEX, READ, WRITE, family, kind_of, limit_of, lock_state, mismatch
 
 try:
     import grpc
@@ -217,6 +219,43 @@ class _EtcdPosition(Position):
     """A waiting position, with the store ``revision`` it was read at: ``wait()`` compares its watch's start to it."""
 
     revision: int = 0
+
+
+class _SlotWatch:
+    """A semaphore waiter's watch on its queue: counts the deletions of keys ahead of it, and reads its place again
+    once fewer than its limit can be ahead (or its own key went)."""
+
+    def __init__(
+        self, backend: EtcdBackend, member: _Member, ticket: Ticket, position: Position, read_at: int, limit: int
+    ) -> None:
+        self._backend = backend
+        self._member = member
+        self._ticket = ticket
+        self._ahead = position.waiters_ahead if position.waiters_ahead >= 0 else limit
+        self._read_at = read_at
+        self._limit = limit
+
+    def __call__(self, response: Any) -> Position | bool | None:
+        if response.created:
+            if int(response.header.revision) <= self._read_at:
+                return False
+            return self._read()
+        for event in response.events:
+            # Deletions the last read already counted (it may be newer than the watch's start) are skipped.
+            if int(event.kv.mod_revision) <= self._read_at:
+                continue
+            if bytes(event.kv.key) == self._ticket.key or not event.HasField("prev_kv"):
+                return self._backend._position_on(self._member, self._ticket)
+            if int(event.prev_kv.create_revision) < self._ticket.revision:
+                self._ahead -= 1
+        return self._read() if self._ahead < self._limit else False
+
+    def _read(self) -> Position | bool:
+        now = self._backend._position_on(self._member, self._ticket)
+        if now.held or now.gone or not isinstance(now, _EtcdPosition):
+            return now
+        self._ahead, self._read_at = now.waiters_ahead, now.revision
+        return False
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -496,10 +535,49 @@ class EtcdBackend:
     def _lock_prefix(self, name: str) -> bytes:
         return self._prefix + escape_name(name).encode("utf-8") + b"/"
 
+    def _key(self, name: str, lease_id: int, nonce: str) -> bytes:
+        """The key a join makes: ``<lease hex>-<nonce>`` for a lock; for the other kinds the kind comes first,
+        ``<kind>.<lease hex>-<rest>``, so that a read/write lock's writers share the range ``w.`` (a reader reads
+        only the last writer ahead of it)."""
+        kind = kind_of(nonce)
+        if kind == MUTEX:
+            return self._lock_prefix(name) + f"{lease_id:x}-{nonce}".encode("ascii")
+        return self._lock_prefix(name) + f"{kind}.{lease_id:x}-{nonce.partition('.')[2]}".encode("ascii")
+
+    def _kind(self, name: str, key: bytes) -> str:
+        return kind_of(key[len(self._lock_prefix(name)) :].decode("ascii", "replace"))
+
+    def _last_writer(self, name: str, before: int = 0, *, serializable: bool = False) -> Any:
+        """A read of the newest writer of ``name``'s read/write lock (created before revision ``before``, if given)."""
+        writers = self._lock_prefix(name) + WRITE.encode() + b"."
+        return etcdrpc.RangeRequest(
+            key=writers,
+            range_end=_prefix_end(writers),
+            max_create_revision=max(before - 1, 0),
+            sort_order=etcdrpc.RangeRequest.DESCEND,
+            sort_target=etcdrpc.RangeRequest.CREATE,
+            limit=1,
+            keys_only=True,
+            serializable=serializable,
+        )
+
+    @staticmethod
+    def _placed(kind: str, held_or_ahead: bytes | None, waiters_ahead: int, revision: int) -> Position:
+        """A position by the grant rule: ``held_or_ahead`` is the key to wait on (None: nothing conflicting ahead);
+        a semaphore holds while fewer than its limit are ahead, and waits on no single key."""
+        if kind.startswith("s"):
+            if waiters_ahead < limit_of(kind):
+                return Position(held=True, waiters_ahead=waiters_ahead)
+            return _EtcdPosition(held=False, revision=revision, waiters_ahead=waiters_ahead)
+        if held_or_ahead is None:
+            return Position(held=True, waiters_ahead=0)
+        return _EtcdPosition(held=False, ahead=held_or_ahead, revision=revision, waiters_ahead=waiters_ahead)
+
     def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         prefix = self._lock_prefix(name)
         end = _prefix_end(prefix)
-        key = prefix + f"{lease_id:x}-{nonce}".encode("ascii")
+        key = self._key(name, lease_id, nonce)
+        kind = kind_of(nonce)
         # After our put, our key is the newest in the range: the two newest keys are us and the waiter just ahead.
         newest_two = etcdrpc.RangeRequest(
             key=prefix,
@@ -516,6 +594,8 @@ class EtcdBackend:
             success=[
                 etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=owner, lease=lease_id)),
                 etcdrpc.RequestOp(request_range=newest_two),
+                # A reader waits only for the last writer ahead of it (every writer there now is ahead of it).
+                *([etcdrpc.RequestOp(request_range=self._last_writer(name))] if kind == READ else []),
             ],
             failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key, keys_only=True))],
         )
@@ -531,25 +611,34 @@ class EtcdBackend:
         ticket = Ticket(name=name, key=key, revision=revision, lease_id=lease_id, resent=resent)
         newest = response.responses[1].response_range
         ahead = [kv for kv in newest.kvs if kv.key != key]
-        if not ahead:
-            return ticket, Position(held=True, waiters_ahead=0)
-        return ticket, _EtcdPosition(
-            held=False,
-            ahead=bytes(ahead[0].key),
-            revision=revision,
-            waiters_ahead=int(newest.count) - 1,
-        )
+        if ahead and family(theirs := self._kind(name, bytes(ahead[0].key))) != family(kind):
+            # Every key was checked against the one before it when it joined: the queue has one family of kinds.
+            self.dequeue(ticket)
+            raise mismatch(name, kind, theirs)
+        if kind == READ:
+            writers = response.responses[2].response_range.kvs
+            wait_on = bytes(writers[0].key) if writers else None
+        else:
+            wait_on = bytes(ahead[0].key) if ahead else None
+        return ticket, self._placed(kind, wait_on, int(newest.count) - 1, revision)
 
     def position(self, ticket: Ticket) -> Position:
         # One plain Range, not a read-only Txn: etcd before 3.5.5 panics when a read-only Txn's context is cancelled
         # in flight (etcd-io/etcd#14110) -- a client closed or a deadline hit mid-read would take the member down.
-        request = self._position_request(ticket, serializable=False)
-        response, _ = self._unary(f"read queue of lock {ticket.name!r}", "Range", request)
-        return self._position_of(ticket, response)
+        # A reader reads the last writer ahead first: none there stays true (later writers join behind us), so
+        # finding our key afterwards proves we held at that later read.
+        what = f"read queue of lock {ticket.name!r}"
+        writers = None
+        if self._kind(ticket.name, ticket.key) == READ:
+            writers, _ = self._unary(what, "Range", self._last_writer(ticket.name, ticket.revision))
+        response, _ = self._unary(what, "Range", self._position_request(ticket, serializable=False))
+        return self._position_of(ticket, response, writers)
 
     def _position_request(self, ticket: Ticket, *, serializable: bool) -> Any:
         # Create revisions in a queue are unique, so the newest key created at or before our ticket is our own key
-        # (gone if it is someone else's), and the one after it in this order is the waiter just ahead of us.
+        # (gone if it is someone else's), and the one after it in this order is the waiter just ahead of us. A
+        # semaphore waiter needs the number ahead of it, which etcd's ``count`` does not give (it counts the whole
+        # range, before the create-revision filter): it reads every key ahead (keys only).
         prefix = self._lock_prefix(ticket.name)
         return etcdrpc.RangeRequest(
             key=prefix,
@@ -557,25 +646,22 @@ class EtcdBackend:
             max_create_revision=ticket.revision,
             sort_order=etcdrpc.RangeRequest.DESCEND,
             sort_target=etcdrpc.RangeRequest.CREATE,
-            limit=2,
+            limit=0 if self._kind(ticket.name, ticket.key).startswith("s") else 2,
             keys_only=True,
             serializable=serializable,
         )
 
-    @staticmethod
-    def _position_of(ticket: Ticket, response: Any) -> Position:
-        revision = int(response.header.revision)
+    def _position_of(self, ticket: Ticket, response: Any, writers: Any = None) -> Position:
         kvs = response.kvs
         if not kvs or bytes(kvs[0].key) != ticket.key or int(kvs[0].create_revision) != ticket.revision:
             return Position(held=False, gone=True)
-        if len(kvs) < 2:
-            return Position(held=True, waiters_ahead=0)
-        return _EtcdPosition(
-            held=False,
-            ahead=bytes(kvs[1].key),
-            revision=revision,
-            waiters_ahead=int(response.count) - 1,
-        )
+        if writers is not None:
+            wait_on = bytes(writers.kvs[0].key) if writers.kvs else None
+        else:
+            wait_on = bytes(kvs[1].key) if len(kvs) > 1 else None
+        kind = self._kind(ticket.name, ticket.key)
+        ahead = len(kvs) - 1 if kind.startswith("s") else int(response.count) - 1
+        return self._placed(kind, wait_on, ahead, int(response.header.revision))
 
     def _position_on(self, member: _Member, ticket: Ticket) -> Position:
         """Where ``ticket`` stands in ``member``'s own copy of the store (a serializable read, no retries).
@@ -588,12 +674,16 @@ class EtcdBackend:
         """
         budget = self.request_timeout if len(self._endpoints) == 1 else _FIRST_ATTEMPT
         try:
+            writers = None
+            if self._kind(ticket.name, ticket.key) == READ:
+                request = self._last_writer(ticket.name, ticket.revision, serializable=True)
+                writers = member.kv.Range(request, timeout=budget, metadata=self._metadata())
             response = member.kv.Range(
                 self._position_request(ticket, serializable=True), timeout=budget, metadata=self._metadata()
             )
         except (grpc.RpcError, ValueError):
             return self.position(ticket)
-        return self._position_of(ticket, response)
+        return self._position_of(ticket, response, writers)
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
         # Watch from "now", not from the read's revision + 1: etcd serves a watch that starts in the past from its
@@ -606,9 +696,25 @@ class EtcdBackend:
         # several members the watchdog asks the member for a progress report every few hundred milliseconds and
         # cancels the watch when it stays silent (a frozen member answers nothing, not even a cancel). Either way
         # this returns, the member loses the preference, and the caller's next read goes to another member.
+        #
+        # A semaphore waiter has no single key to watch (any of the holders may go first): it watches the whole
+        # queue for deletions, from the same "now", and counts those of keys ahead of it (the watch reports the
+        # deleted key's create revision); it reads its place again only once fewer than its limit can be ahead.
+        # Deletions behind it cost it a message each, no request.
         member = self._member()
         read_at = position.revision if isinstance(position, _EtcdPosition) else 0  # 0: always read again
-        create = etcdrpc.WatchCreateRequest(key=position.ahead, filters=[etcdrpc.WatchCreateRequest.NOPUT])
+        kind = self._kind(ticket.name, ticket.key)
+        if kind.startswith("s"):
+            prefix = self._lock_prefix(ticket.name)
+            create = etcdrpc.WatchCreateRequest(
+                key=prefix, range_end=_prefix_end(prefix), filters=[etcdrpc.WatchCreateRequest.NOPUT], prev_kv=True
+            )
+            handle: Callable[[Any], Position | bool | None] = _SlotWatch(
+                self, member, ticket, position, read_at, limit_of(kind)
+            )
+        else:
+            create = etcdrpc.WatchCreateRequest(key=position.ahead, filters=[etcdrpc.WatchCreateRequest.NOPUT])
+            handle = functools.partial(self._ahead_watch, member, ticket, position, read_at)
         requests = _Requests(etcdrpc.WatchRequest(create_request=create))
         started = _clock.now()
         try:
@@ -628,17 +734,9 @@ class EtcdBackend:
                     if response.canceled and "no leader" in response.cancel_reason:
                         self._fail_over(member)
                     return None  # refused, or compacted: read the queue again
-                if response.created:
-                    if int(response.header.revision) > read_at:
-                        now = self._position_on(member, ticket)
-                        if now.held or now.gone or now.ahead != position.ahead:
-                            return now
-                    continue
-                if response.events:
-                    # The key ahead is gone: where do we stand now? Our own key is read again, too (a waiter whose
-                    # lease was revoked while it waited must not take its turn), in the copy of the member that
-                    # reported the deletion.
-                    return self._position_on(member, ticket)
+                outcome = handle(response)
+                if outcome is not False:
+                    return outcome  # type: ignore[return-value]
         except grpc.RpcError as e:
             code = _code(e)
             details = _details(e)
@@ -671,6 +769,22 @@ class EtcdBackend:
             responses.cancel()
             requests.close()
         return None  # the stream ended without an answer: read the queue again
+
+    def _ahead_watch(
+        self, member: _Member, ticket: Ticket, position: Position, read_at: int, response: Any
+    ) -> Position | bool | None:
+        """One answer of the watch on the key ahead: the position to return, or False to go on watching."""
+        if response.created:
+            if int(response.header.revision) > read_at:
+                now = self._position_on(member, ticket)
+                if now.held or now.gone or now.ahead != position.ahead:
+                    return now
+            return False
+        if response.events:
+            # The key ahead is gone: where do we stand now? Our own key is read again, too (a waiter whose lease was
+            # revoked while it waited must not take its turn), in the copy of the member that reported the deletion.
+            return self._position_on(member, ticket)
+        return False
 
     def dequeue(self, ticket: Ticket) -> bool:
         request = etcdrpc.TxnRequest(
@@ -725,7 +839,7 @@ class EtcdBackend:
         return self.dequeue(ticket)
 
     def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
-        key = self._lock_prefix(name) + f"{lease_id:x}-{nonce}".encode("ascii")
+        key = self._key(name, lease_id, nonce)
         response, _ = self._unary(f"look for a late join of lock {name!r}", "Range", etcdrpc.RangeRequest(key=key))
         if not response.kvs:
             return None
@@ -765,16 +879,17 @@ class EtcdBackend:
                     ttl_left[lease] = float(answer.TTL) if answer.TTL >= 0 else None
         states = []
         for name in sorted(queues):
-            waiters = tuple(
+            kvs = sorted(queues[name], key=lambda kv: int(kv.create_revision))
+            entries = [
                 Waiter(
                     owner=owner_id(bytes(kv.value)),
                     token=int(kv.create_revision),
                     lease_id=int(kv.lease),
                     ttl_left=ttl_left.get(int(kv.lease)),
                 )
-                for kv in sorted(queues[name], key=lambda kv: int(kv.create_revision))
-            )
-            states.append(LockState(name=name, holder=waiters[0], waiters=waiters[1:]))
+                for kv in kvs
+            ]
+            states.append(lock_state(name, entries, [self._kind(name, bytes(kv.key)) for kv in kvs]))
         return states
 
 

@@ -96,6 +96,7 @@ from .._protocol import (
     owner_record,
 )
 from .._retry import Attempt, ErrorTable, retrying
+from .._shape import MUTEX, kind_of, lock_state, mismatch
 
 try:
     import redis
@@ -179,8 +180,73 @@ local function hand_over(q, nxt, prefix)
   end
   if nxt and nxt ~= LAST then notify(q, nxt, '1') end
 end
+-- The kind of an entry (see distlock/_shape.py): nil for a lock's, 'sN' a semaphore slot of limit N, 'r'/'w' a
+-- reader/writer. An entry holds when fewer than its limit of the entries ahead conflict with it.
+local function kind(member) return string.match(member, '^[^-]*%-(%w+)%.') end
+local function family(k)
+  if k == 'r' or k == 'w' then return 'rw' end
+  return k or ''
+end
+local function limit(k)
+  if k and string.sub(k, 1, 1) == 's' then return tonumber(string.sub(k, 2)) end
+  return 1
+end
+local function conflicts(behind, ahead) return not (behind == 'r' and ahead == 'r') end
+-- A semaphore's or read/write lock's entry left at score s: wake every entry it kept from holding, now holding (the
+-- walk from the head stops at the first entry that waits: everything behind it waits too). A wake-up goes only
+-- to an entry whose lease lives; a dead one is removed by the next waiter that reads its place.
+local function wake_kinds(q, gone, s, prefix)
+  local entries, writers, start = 0, 0, 0
+  while true do
+    local chunk = redis.call('ZRANGE', q, start, start + 63, 'WITHSCORES')
+    if #chunk == 0 then return end
+    for i = 1, #chunk, 2 do
+      local m = chunk[i]
+      if m == LAST then return end
+      local k = kind(m)
+      local ahead = entries
+      if k == 'r' then ahead = writers end
+      if ahead >= limit(k) then return end
+      if tonumber(chunk[i + 1]) > s and ahead + 1 >= limit(k) and conflicts(k, gone)
+        and (prefix == '' or redis.call('EXISTS', lease_key(prefix, m)) == 1) then
+        notify(q, m, 'h')
+      end
+      entries = entries + 1
+      if k ~= 'r' then writers = writers + 1 end
+    end
+    start = start + 64
+  end
+end
+-- Where entry member (at token t) of a semaphore or read/write lock stands: {t, 1} when it holds, else {t, 0, the
+-- conflicting entry ahead whose lease ends first, PTTL of that lease}. Entries ahead whose lease is gone are taken
+-- out (a waiter they kept waiting wakes by its own PTTL, which was theirs at most).
+local function place_kind(q, t, member, prefix)
+  local k = kind(member)
+  local n, on, pttl = 0, nil, nil
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', q, '-inf', '(' .. fmt(t))) do
+    if m ~= LAST then
+      local left = redis.call('PTTL', lease_key(prefix, m))
+      if left == -2 then
+        drop(q, m, true, true)
+      elseif conflicts(k, kind(m)) then
+        n = n + 1
+        if not pttl or (left >= 0 and (pttl < 0 or left < pttl)) then on, pttl = m, left end
+      end
+    end
+  end
+  if n < limit(k) then return {t, 1} end
+  return {t, 0, on, pttl}
+end
 -- Remove member (only at token t, when t is given) and wake the waiter behind it. 1 if removed.
 local function remove(q, member, t, owner, wake, prefix)
+  local k = kind(member)
+  if k then
+    local score = redis.call('ZSCORE', q, member)
+    if not score or (t and tonumber(score) ~= t) then return 0 end
+    drop(q, member, owner, wake)
+    wake_kinds(q, k, tonumber(score), prefix)
+    return 1
+  end
   local first = redis.call('ZRANGE', q, 0, 1, 'WITHSCORES')
   if first[1] == member then
     if t and tonumber(first[2]) ~= t then return 0 end
@@ -214,8 +280,9 @@ end
 
 # KEYS: queue, legacy counter, owners[, lease]. ARGV: member, owner record ('' to store none), '1' when this join
 # may have been sent before ('' on a first attempt: the member cannot exist yet), lease key prefix ('' on a
-# Cluster). Answers {token, 1} (head), {token, 0, member ahead, PTTL of its lease}, or {0, 3} when our lease key is
-# gone. Joining twice with one member answers the first place.
+# Cluster). Answers {token, 1} (head), {token, 0, member ahead, PTTL of its lease}, {0, 3} when our lease key is
+# gone, or {0, 4, the last member} when that member is of another kind's family (a lock joined as a semaphore...).
+# Joining twice with one member answers the first place.
 _ENQUEUE = (
     _LUA_HELPERS
     + """
@@ -227,6 +294,7 @@ if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then
 end
 if again then
   local score = redis.call('ZSCORE', q, member)
+  if score and kind(member) then return place_kind(q, tonumber(score), member, prefix) end
   if score then return place(q, tonumber(score), prefix, nil) end
 end
 local now = redis.call('TIME')
@@ -238,6 +306,7 @@ for i = 1, #tail, 2 do
   local s = tonumber(tail[i + 1])
   if s >= t then t = s + 1 end
 end
+if ahead and family(kind(ahead)) ~= family(kind(member)) then return {0, 4, ahead} end
 if not counted then
   local legacy = tonumber(redis.call('GET', KEYS[2]) or '0')
   if legacy >= t then t = legacy + 1 end
@@ -245,6 +314,7 @@ end
 redis.call('ZADD', q, fmt(t), member, fmt(t), LAST)
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[3], member, ARGV[2]) end
 if not ahead then return {t, 1} end
+if kind(member) then return place_kind(q, t, member, prefix) end
 return place(q, t, prefix, ahead)
 """
 )
@@ -261,6 +331,7 @@ if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 0 then
   remove(q, member, t, true, true, ARGV[3])
   return {0, 2}
 end
+if kind(member) then return place_kind(q, t, member, ARGV[3]) end
 return place(q, t, ARGV[3], nil)
 """
 )
@@ -715,6 +786,11 @@ class RedisBackend:
     def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         keys = self._lock_keys(name)
         member = f"{lease_id:x}-{nonce}".encode("ascii")
+        if self._target.one_slot_per_script and kind_of(nonce) != MUTEX:
+            raise ConfigurationError(
+                f"lock {name!r}: semaphores and read/write locks need one Redis server (their scripts read every "
+                "holder's lease, which a Redis Cluster script may not); use a plain lock, or etcd"
+            )
         # A waiter's id is its nonce unless it was given an owner, and the host and pid are in its lease key's
         # value: only a given owner needs a record of its own.
         record = b"" if owner == owner_record(nonce) else owner
@@ -732,6 +808,8 @@ class RedisBackend:
         gone = LeaseGone(f"enqueue for lock {name!r}: the lease is gone on {self.description}")
         if int(answer[1]) == 3:
             raise gone
+        if int(answer[1]) == 4:
+            raise mismatch(name, kind_of(nonce), kind_of(_nonce_of(bytes(answer[2]))))
         position = _position(answer)
         ticket = _Entry(
             name=name,
@@ -956,7 +1034,7 @@ class RedisBackend:
         ttl_left: dict[int, float | None] = {}
         states = []
         for name in sorted(queues):
-            waiters = []
+            entries, kinds = [], []
             for member, token, owner in queues[name]:
                 lease_id = _lease_of(member)
                 if lease_id not in ttl_left:
@@ -964,9 +1042,10 @@ class RedisBackend:
                     pttl, _ = self._request("read lease", key, "PTTL", key)
                     ttl_left[lease_id] = -2.0 if pttl == -2 else None if pttl < 0 else pttl / 1000
                 if ttl_left[lease_id] != -2.0:
-                    waiters.append(Waiter(owner, token, lease_id, ttl_left[lease_id]))
-            if waiters:
-                states.append(LockState(name=name, holder=waiters[0], waiters=tuple(waiters[1:])))
+                    entries.append(Waiter(owner, token, lease_id, ttl_left[lease_id]))
+                    kinds.append(kind_of(_nonce_of(member)))
+            if entries:
+                states.append(lock_state(name, entries, kinds))
         return states
 
     def close(self) -> None:
