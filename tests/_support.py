@@ -115,6 +115,23 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, interva
     return time.monotonic() - start
 
 
+def acquire_in_background(
+    waiter: distlock.Lock, ready: Callable[[], bool], what: str
+) -> tuple[threading.Thread, list[float]]:
+    """Start ``waiter.acquire()`` on a thread; return it once ``ready()`` (the waiter has queued), with the list that
+    gets the ``time.monotonic()`` of the acquisition (it stays empty if the waiter gives up after 30 s)."""
+    got: list[float] = []
+
+    def wait() -> None:
+        if waiter.acquire(timeout=30):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(ready, 10, what)
+    return thread, got
+
+
 def waiters(client: distlock.Client, name: str) -> int:
     """Keys queued behind the holder of ``name`` (-1 when nobody holds it)."""
     holder = client.holder(name)

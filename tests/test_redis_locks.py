@@ -10,25 +10,18 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from _support import Worker, wait_until, waiters
+from _support import Worker, acquire_in_background, wait_until, waiters
 
 import distlock
 from distlock.testing import RedisServer
 
 
 def _queue(observer: distlock.Client, waiter: distlock.Lock, waiting: int) -> tuple[threading.Thread, list[float]]:
-    """Start ``waiter.acquire()`` on a thread; return it once ``waiting`` waiters are queued, with the list that
-    gets the ``time.monotonic()`` of the acquisition (it stays empty if the waiter gives up after 30 s)."""
-    got: list[float] = []
-
-    def wait() -> None:
-        if waiter.acquire(timeout=30):
-            got.append(time.monotonic())
-
-    thread = threading.Thread(target=wait)
-    thread.start()
-    wait_until(lambda: waiters(observer, waiter.name) == waiting, 10, f"{waiting} waiter(s) to queue")
-    return thread, got
+    """Start ``waiter.acquire()`` on a thread; return it once ``waiting`` waiters are queued (see
+    ``acquire_in_background``)."""
+    return acquire_in_background(
+        waiter, lambda: waiters(observer, waiter.name) == waiting, f"{waiting} waiter(s) to queue"
+    )
 
 
 def _tokens(url: str, name: str, holders: int) -> list[int]:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _support import Worker, child_env, load_module, wait_until
+from _support import Worker, acquire_in_background, child_env, load_module, wait_until
 
 import distlock
 
@@ -120,15 +120,7 @@ def test_a_killed_holders_slot_frees_within_its_ttl(client: distlock.Client, bac
         assert worker.call(op="acquire", name=lock_name, ttl=TTL, limit=2)["acquired"]
         with client.semaphore(lock_name, limit=2, ttl=TTL):
             waiter = client.semaphore(lock_name, limit=2, ttl=TTL)
-            got: list[float] = []
-
-            def wait() -> None:
-                if waiter.acquire(timeout=30):
-                    got.append(time.monotonic())
-
-            thread = threading.Thread(target=wait)
-            thread.start()
-            wait_until(lambda: _waiting(client, lock_name) == 1, 10, "our waiter to queue")
+            thread, got = acquire_in_background(waiter, lambda: _waiting(client, lock_name) == 1, "our waiter to queue")
             killed_at = time.monotonic()
             worker.kill()
             thread.join(30)
