@@ -16,6 +16,11 @@ committed. The atomic blocks Django's ``TestCase`` (or pytest-django's ``db``) w
 never commit. Async views release at once (Django forbids ``ATOMIC_REQUESTS`` for them).
 
 Also a context manager for a fixed name: ``with distributed_lock("report:daily") as lock: ...``.
+
+With ``limit=N`` the name is a semaphore: at most N calls hold it at once (each with its own fencing token), and the
+busy answer comes when N already hold it. A ``limit`` that is not an int from 1 to 10,000 raises
+``ConfigurationError`` when decorating; a name used with another limit (or as a plain lock) at the same time
+raises ``LockKindMismatch`` at call time.
 """
 
 from __future__ import annotations
@@ -72,8 +77,19 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
     """Decorate a view/function (or use as a context manager) to hold a distributed lock around it."""
 
     def __init__(
-        self, key: str, *, ttl: float | None = None, timeout: float | None = None, blocking: bool = True
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        blocking: bool = True,
+        limit: int | None = None,
     ) -> None:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000):
+            raise distlock.ConfigurationError(
+                f"limit (how many calls may hold the name at once) must be an int from 1 to 10000, not {limit!r}"
+            )
+        self.limit = limit
         self.template = KeyTemplate(key)
         self.ttl = distlock.seconds(ttl, "ttl", allow_none=True)
         self.timeout = distlock.seconds(timeout, "timeout", allow_zero=True, allow_forever=True, allow_none=True)
@@ -87,12 +103,14 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
 
     def _lock(self, name: str) -> distlock.Lock:
         settings = conf()
-        return get_client().lock(
-            lock_name(name),
-            ttl=settings["TTL"] if self.ttl is None else self.ttl,
-            timeout=settings["TIMEOUT"] if self.timeout is None else self.timeout,
-            family=self.template.template,
-        )
+        options: distlock.LockOptions = {
+            "ttl": settings["TTL"] if self.ttl is None else self.ttl,
+            "timeout": settings["TIMEOUT"] if self.timeout is None else self.timeout,
+            "family": self.template.template,
+        }
+        if self.limit is not None:
+            return get_client().semaphore(lock_name(name), self.limit, **options)
+        return get_client().lock(lock_name(name), **options)
 
     # -- decorator --------------------------------------------------------------------------------------------
 

@@ -196,6 +196,34 @@ def test_decorator_on_plain_functions_and_as_context_manager(django_servers: dic
     assert not _held("job:a")
 
 
+def test_decorator_with_a_limit_lets_that_many_calls_hold_at_once(django_servers: dict[str, str]) -> None:
+    with pytest.raises(distlock.ConfigurationError, match="limit"):
+        distributed_lock("report:{name}", limit=0)
+    barrier = threading.Barrier(2, timeout=10)
+    tokens: list[int] = []
+
+    @distributed_lock("report:{name}", limit=2, timeout=0)
+    def report(name: str) -> None:
+        barrier.wait()  # meets the other holder: both hold at once, or this times out
+        barrier.wait()  # ... until it has tried a third call
+        tokens.append(distlock.current_token() or 0)
+
+    @distributed_lock("report:{name}", limit=2, timeout=0)
+    def third(name: str) -> None:
+        pass
+
+    first = threading.Thread(target=report, args=("daily",))
+    first.start()
+    with distributed_lock("report:daily", limit=2, timeout=0) as lock:
+        barrier.wait()
+        with pytest.raises(distlock.LockNotAcquired):
+            third("daily")
+        barrier.wait()
+        first.join(20)
+        assert len(tokens) == 1 and tokens[0] > 0 and tokens[0] != lock.token
+    assert not _held("report:daily")
+
+
 # -- a real server --------------------------------------------------------------------------------------------
 
 
