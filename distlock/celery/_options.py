@@ -36,6 +36,7 @@ _ATTRIBUTES = {
     "lock_max_hold": "max_hold",
     "lock_max_queued": "max_queued",
     "duplicate_retry_delay": "retry_delay",
+    "lock_limit": "limit",
 }
 #: What ``singleton={...}`` may hold in one call: the task attributes, and ``key`` (a lock name for this call).
 CALL_KEYS = frozenset({*_ATTRIBUTES, "key"})
@@ -48,7 +49,8 @@ class Options:
     ``ttl`` is the lease (how long the lock outlives a worker that died), ``timeout`` how long a worker waits for a
     busy lock before the call counts as a duplicate, ``max_hold`` the most a run may hold the lock, ``max_queued``
     how long an enqueue-time reservation waits for a worker to take the task over (default: ``ttl``), and
-    ``retry_delay`` the countdown of ``on_duplicate="retry"``.
+    ``retry_delay`` the countdown of ``on_duplicate="retry"``, and ``limit`` (None: one) how many runs may hold the
+    lock name at once (a semaphore; ``lock_on="run"`` only).
     """
 
     lock_on: LockOn = "run"
@@ -58,6 +60,7 @@ class Options:
     max_hold: float | None = None
     max_queued: float | None = None
     retry_delay: float = 5.0
+    limit: int | None = None
 
     @property
     def queued_for(self) -> float:
@@ -99,4 +102,11 @@ class Options:
         seconds(options.retry_delay, f"{where}: duplicate_retry_delay", allow_zero=True)
         seconds(options.max_hold, f"{where}: lock_max_hold", allow_none=True)
         seconds(options.max_queued, f"{where}: lock_max_queued", allow_none=True)
+        limit = options.limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000):
+            raise ConfigurationError(f"{where}: lock_limit must be an int from 1 to 10000 (or None), not {limit!r}")
+        if limit is not None and options.lock_on == "enqueue":
+            raise ConfigurationError(
+                f"{where}: lock_limit works with lock_on='run' only (an enqueue-time reservation is one holder)"
+            )
         return options

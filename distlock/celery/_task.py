@@ -143,6 +143,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     - ``lock_max_queued`` (default ``lock_ttl``): how long an enqueue-time reservation (or the lock kept for a
       retry) waits for a worker to take it over, counted from when the task is due (its eta or countdown).
     - ``duplicate_retry_delay`` (default 5 s): the countdown of ``on_duplicate="retry"``.
+    - ``lock_limit`` (default none: one): at most this many runs per lock name at once (the name is a semaphore, each
+      run with its own token); ``lock_on="run"`` only. A retry of such a run does not keep its slot: it queues again.
     """
 
     unique_on: ClassVar[object] = None
@@ -153,6 +155,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     lock_max_hold: ClassVar[float | None] = None
     lock_max_queued: ClassVar[float | None] = None
     duplicate_retry_delay: ClassVar[float | None] = None
+    lock_limit: ClassVar[int | None] = None
 
     _singleton_options: ClassVar[Options] = Options()
     _singleton_keys: ClassVar[KeySpec | None] = None
@@ -231,7 +234,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         send["headers"] = {**headers, HEADER: header}  # header gains the reservation token below, if any
 
         run = _current_run(self)
-        if run is not None and run.task_id == task_id and run.lock.name == name and run.lock.owned():
+        held = run is not None and run.task_id == task_id and run.lock.name == name and run.lock.owned()
+        if run is not None and held and effective.limit is None:
             # self.retry() of the running call: the retry message inherits the lock as its reservation.
             header["reservation"] = run.lock.token
             result = super().apply_async(**send)
@@ -282,8 +286,16 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         effective = self._singleton_options.merged(overrides, where)
         name = header.get("key") or self.singleton_key(args, kwargs)
         client = get_client(self.app)
-        lock = client.lock(
-            name, ttl=effective.ttl, max_hold=effective.max_hold, owner=_owner(task_id), family=self.name
+        options: distlock.LockOptions = {
+            "ttl": effective.ttl,
+            "max_hold": effective.max_hold,
+            "owner": _owner(task_id),
+            "family": self.name,
+        }
+        lock = (
+            client.lock(name, **options)
+            if effective.limit is None
+            else client.semaphore(name, effective.limit, **options)
         )
         busy = _acquire(client, lock, header.get("reservation"), effective, same_task_possible=task_id is not None)
         if busy is not None:

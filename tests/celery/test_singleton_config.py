@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from _support import child_env
 from celery import Celery
 
 import distlock
-from distlock.celery import SingletonTask
+from distlock.celery import DuplicateTask, SingletonTask
 
 
 def _work(job: str, seconds: float, caller: int = 0) -> None:
@@ -48,6 +49,8 @@ def app() -> Iterator[Celery]:
         ({"lock_on": "enqueue", "on_duplicate": "retry"}, distlock.ConfigurationError, "with lock_on='enqueue'"),
         ({"lock_ttl": 0}, distlock.ConfigurationError, r"lock_ttl \(the lease length\) must be > 0"),
         ({"lock_max_hold": float("inf")}, distlock.ConfigurationError, "lock_max_hold must be a finite number"),
+        ({"lock_limit": 0}, distlock.ConfigurationError, "lock_limit must be an int from 1 to 10000"),
+        ({"lock_on": "enqueue", "lock_limit": 2}, distlock.ConfigurationError, "lock_limit works with lock_on='run'"),
     ],
 )
 def test_a_bad_task_option_fails_when_the_task_is_defined(
@@ -149,6 +152,34 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
         env=child_env(),
         timeout=60,
     )
+
+
+def test_lock_limit_lets_that_many_direct_calls_run_at_once(app: Celery, etcd_url: str) -> None:
+    app.conf.distlock_url = etcd_url
+    barrier = threading.Barrier(3, timeout=10)  # the two runs and this test
+    tokens: list[int] = []
+
+    def meet(self: SingletonTask, job: str) -> str:
+        tokens.append(self.lock.token)
+        barrier.wait()  # both runs hold at once, or this times out
+        barrier.wait()  # ... until the test's third call has been turned away
+        return "ran"
+
+    options: Any = {"base": SingletonTask, "shared": False, "bind": True, "lazy": False, "lock_limit": 2}
+    decorate: Any = app.task(name="t.limited", on_duplicate="raise", **options)
+    task: Any = decorate(meet)
+    job = uuid.uuid4().hex
+    outcomes: list[str] = []
+    runs = [threading.Thread(target=lambda: outcomes.append(task(job))) for _ in range(2)]
+    for thread in runs:
+        thread.start()
+    barrier.wait()
+    with pytest.raises(DuplicateTask):
+        task(job)
+    barrier.wait()
+    for thread in runs:
+        thread.join(20)
+    assert outcomes == ["ran", "ran"] and len(set(tokens)) == 2
 
 
 def test_settings_come_from_app_conf_and_django_is_never_imported(etcd_url: str) -> None:
