@@ -15,6 +15,12 @@ deletion, the waiter reads its place (its own key, and whatever is still ahead) 
 that member's own copy of the store: a copy that already holds the deletion, so the read needs no round through the
 leader, and the caller is handed that read instead of making another.
 
+Semaphores and read/write locks share the queue (``_shape`` has the grant rule): their keys start with their kind,
+``<kind>.<lease hex>-<nonce>``. A writer waits like a lock's waiter; a reader reads, and watches, only the newest
+writer ahead of it (the ``w.`` keys); a semaphore waiter has no single key to wait on and watches the whole queue
+for deletions (see ``wait``). A join whose kind does not match the key ahead of it is taken out again and raises
+``LockKindMismatch``.
+
 What can go wrong: any member may be unreachable, frozen, cut off from its quorum, restarting, or between leaders.
 Every request goes to one preferred member; an UNAVAILABLE answer or (with several members) an attempt that takes
 longer than half a second moves the preference to another member and retries there (half a second on each member,
@@ -562,16 +568,16 @@ class EtcdBackend:
         )
 
     @staticmethod
-    def _placed(kind: str, held_or_ahead: bytes | None, waiters_ahead: int, revision: int) -> Position:
-        """A position by the grant rule: ``held_or_ahead`` is the key to wait on (None: nothing conflicting ahead);
-        a semaphore holds while fewer than its limit are ahead, and waits on no single key."""
+    def _placed(kind: str, wait_on: bytes | None, waiters_ahead: int, revision: int) -> Position:
+        """A position by the grant rule: ``wait_on`` is the conflicting key to wait on (None: nothing conflicting
+        ahead); a semaphore holds while fewer than its limit are ahead, and waits on no single key."""
         if kind.startswith("s"):
             if waiters_ahead < limit_of(kind):
                 return Position(held=True, waiters_ahead=waiters_ahead)
             return _EtcdPosition(held=False, revision=revision, waiters_ahead=waiters_ahead)
-        if held_or_ahead is None:
+        if wait_on is None:
             return Position(held=True, waiters_ahead=0)
-        return _EtcdPosition(held=False, ahead=held_or_ahead, revision=revision, waiters_ahead=waiters_ahead)
+        return _EtcdPosition(held=False, ahead=wait_on, revision=revision, waiters_ahead=waiters_ahead)
 
     def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         prefix = self._lock_prefix(name)

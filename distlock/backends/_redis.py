@@ -52,6 +52,12 @@ lease is gone; and a release hands the lock only to a waiter whose lease exists,
 the client checks its own lease with ``EXISTS`` before it calls itself the holder and the lease ahead with
 ``PTTL`` before it waits, a request each.
 
+Semaphores and read/write locks (``_shape``) share the queue: the member's nonce starts with its kind
+(``<lease hex>-<kind>.<nonce>``), and the scripts carry the grant rule in Lua. Their place is read by walking the
+entries ahead (removing those whose lease is gone) and a waiter waits at most until the first lease among the
+conflicting entries ahead ends; a removal wakes exactly the entries it let in. A join of another kind than the
+queue's is refused in the script (``LockKindMismatch``); on a Cluster they are refused (the walk reads leases).
+
 An uncontended acquire + release is two scripts and eight commands on one server (the join: ``EXISTS``, ``TIME``,
 ``ZRANGE``, ``ZADD``; the release: ``ZRANGE``, ``ZREM``); a removal skips the owner record and the wake list
 when the client knows there is none.
