@@ -40,6 +40,7 @@ from ._errors import (
 )
 from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refused, stale_token_message
 from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
+from ._multi import AsyncMultiLock, MultiLock
 from ._protocol import Holder, LockState, Waiter
 from ._rwlock import AsyncRWLock, RWLock
 from ._seconds import seconds
@@ -53,6 +54,7 @@ logging.getLogger("distlock").addHandler(logging.NullHandler())
 
 __all__ = [
     "AsyncLock",
+    "AsyncMultiLock",
     "AsyncRWLock",
     "AuthenticationFailed",
     "BackendError",
@@ -75,6 +77,7 @@ __all__ = [
     "LockNotOwned",
     "LockOptions",
     "LockState",
+    "MultiLock",
     "RWLock",
     "StaleFenceToken",
     "UnfencedWrite",

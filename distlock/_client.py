@@ -30,13 +30,14 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Self, Unpack
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ._errors import ClientClosed, ConfigurationError
 from ._lock import AsyncLock, Lock, LockOptions
+from ._multi import AsyncMultiLock, MultiLock
 from ._protocol import Backend, Holder, Inspectable, LockState
 from ._rwlock import AsyncRWLock, RWLock
 from ._seconds import seconds
@@ -105,6 +106,17 @@ class Client:
     def async_rwlock(self, name: str, **options: Unpack[LockOptions]) -> AsyncRWLock:
         """The asyncio twin of :meth:`rwlock`."""
         return AsyncRWLock(self.rwlock(name, **options))
+
+    def multi_lock(self, names: Iterable[str], **options: Unpack[LockOptions]) -> MultiLock:
+        """Locks on every name in ``names``, taken all or none in one canonical (sorted) order, so that two
+        processes asking for the same names in different orders cannot deadlock; a token per name. The options
+        apply to each lock; ``timeout`` bounds the whole acquisition (see :class:`MultiLock`)."""
+        self._check_open()
+        return MultiLock(self, names, **options)
+
+    def async_multi_lock(self, names: Iterable[str], **options: Unpack[LockOptions]) -> AsyncMultiLock:
+        """The asyncio twin of :meth:`multi_lock`."""
+        return AsyncMultiLock(self.multi_lock(names, **options))
 
     def holder(self, name: str) -> Holder | None:
         """Who holds lock ``name`` now (its owner id, the token, the number of waiters), or None."""
