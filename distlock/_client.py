@@ -8,6 +8,7 @@ URLs::
     redis://[user:password@]host[:port][/db][?prefix=distlock]  one Redis server (port 6379, database 0 by default)
     rediss://host:port?ca=/ca.pem[&cert=/c.pem&key=/k.pem]     Redis over TLS
     redis+cluster://host:port[,host:port...]                   Redis Cluster (rediss+cluster:// with TLS)
+    zk://host:port[,host:port...][/chroot][?prefix=distlock]    a ZooKeeper ensemble (port 2181 by default)
 
 Keyword options of :func:`connect` override the URL: ``prefix``, ``username``, ``password``, ``ca_cert``,
 ``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect`` may take to reach the service, default
@@ -385,9 +386,30 @@ def _redis_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]
     )
 
 
+def _zookeeper_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
+    from .backends._zookeeper import ZooKeeperBackend  # imports kazoo: only when a zk URL is used
+
+    netloc, username, _ = _split_userinfo(parts.netloc)
+    if not netloc:
+        raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. zk://127.0.0.1:2181")
+    if username is not None or "username" in options or "password" in options:
+        raise ConfigurationError(f"distlock URL {_redact(url)!r}: ZooKeeper authentication is not supported")
+    query = _query(url, parts, {"prefix"})
+    _check_options(options, {"prefix", "connect_timeout", "request_timeout"})
+    timeouts = _timeouts(options)
+    return ZooKeeperBackend(
+        _parse_hosts(netloc, url, scheme.default_port),
+        prefix=_prefix(options, query),
+        chroot=unquote(parts.path),
+        connect_timeout=timeouts["connect_timeout"],
+        request_timeout=timeouts["request_timeout"],
+    )
+
+
 _BUILDERS: dict[str, Callable[[str, Any, Scheme, dict[str, Any]], Backend]] = {
     "etcd": _etcd_backend,
     "redis": _redis_backend,
+    "zookeeper": _zookeeper_backend,
 }
 
 

