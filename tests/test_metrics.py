@@ -135,7 +135,7 @@ def test_a_contended_run_records_every_wait_with_its_outcome(
         thread.join(30)
     assert got == [True] * patient
 
-    label = "etcd" if backend.startswith("etcd") else "redis"
+    label = "etcd" if backend.startswith("etcd") else backend
     acquisitions, gave_up = 1 + patient, impatient + 1
     assert outcomes(reader, family) == {"acquired": acquisitions, "timeout": gave_up, "cancelled": 1}
     assert count(reader, WAIT, distlock__lock__family=family) == acquisitions + gave_up + 1

@@ -8,7 +8,8 @@ opens a session with ``ttl`` as its timeout and returns the session id and the t
 server clamps it into its ``minSessionTimeout``..``maxSessionTimeout``, by default 2 to 20 ticks); kazoo pings the
 session by itself, ``keep_alive`` makes one round trip on it and reports the lease gone once the session has
 expired (kazoo then opens a new session on the same client: a different id, so the old lease never comes back),
-and ``revoke_lease`` closes the session, which deletes its ephemeral nodes on the server at once. One more session
+and ``revoke_lease`` closes the session, which deletes its ephemeral nodes on the server at once (another client's
+session, which only its owner can close, has its nodes under this prefix deleted one by one instead). One more session
 (the backend's own, opened on first use) reads holders, lists locks and force-releases.
 
 A waiter is an EPHEMERAL SEQUENTIAL node ``/<chroot>/<prefix>/<escaped name>/<nonce>-<sequence>`` made on its
@@ -68,6 +69,9 @@ __all__ = ["ZooKeeperBackend"]
 
 _R = TypeVar("_R")
 
+#: The longest session timeout a client can ask for (the protocol's 32-bit milliseconds), in seconds.
+_LONGEST_TIMEOUT = (2**31 - 1) / 1000
+
 _RETRYABLE: tuple[type[Exception], ...] = (kz.ConnectionLoss, kz.OperationTimeoutError, KazooTimeoutError)
 
 
@@ -124,6 +128,8 @@ class ZooKeeperBackend:
     # -- sessions ---------------------------------------------------------------------------------------------
 
     def _open(self, ttl: float, deadline: float) -> KazooClient:
+        # The protocol carries the timeout as 32-bit milliseconds; the server lowers it to its maxSessionTimeout.
+        ttl = min(ttl, _LONGEST_TIMEOUT)
         client = KazooClient(hosts=self._hosts, timeout=ttl, connection_retry={"max_tries": -1, "max_delay": 0.5})
         try:
             client.start(timeout=max(deadline - _clock.now(), 0.001))
@@ -312,12 +318,34 @@ class ZooKeeperBackend:
         with self._mutex:
             client = self._sessions.pop(lease_id, None)
             self._expired.discard(lease_id)
-        if client is not None:
+        if client is None:
+            # Another client's session (an operator's revoke): only its owner can close it, so delete its nodes.
+            self._delete_nodes_of(lease_id)
+        else:
             # Closing the session deletes its ephemeral nodes. kazoo's stop() waits for its connection thread, which
             # gives up on a server that does not answer after the session's read timeout.
             stopper = threading.Thread(target=self._discard, args=(client,), name="distlock-zk-close", daemon=True)
             stopper.start()
             stopper.join(self.request_timeout)
+
+    def _delete_nodes_of(self, lease_id: int) -> None:
+        """Delete every waiter's node under this prefix that lives on session ``lease_id`` (one read per lock)."""
+        client = self._main_client()
+        what = f"revoke lease {lease_id:x}"
+
+        def names(each: Attempt) -> list[str]:
+            try:
+                return list(self._wait(client.get_children_async(self._root), each))
+            except kz.NoNodeError:
+                return []
+
+        escaped_names, _ = self._call(what, names)
+        for escaped in escaped_names:
+            parent = f"{self._root}/{escaped}"
+            for child in self._children(client, parent, what):
+                stat = self._stat(client, f"{parent}/{child}", what)
+                if stat is not None and int(stat.ephemeralOwner) == lease_id:
+                    self._delete(client, f"{parent}/{child}", what)
 
     def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         client = self._session(lease_id)
