@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Set up .venv and run the benchmarks, each in one run against its own throwaway servers, recording the figures in
-# docs/BENCHMARKS.md (each between its own markers; the rest of the file is left alone). About five minutes on
-# 2 cores for all six.
-#   bash scripts/bench.sh                  # etcd, handover, redis, sqla, django and celery, in that order
+# docs/BENCHMARKS.md (each between its own markers; the rest of the file is left alone). About six minutes on
+# 2 cores for all seven.
+#   bash scripts/bench.sh                  # etcd, handover, redis, zookeeper, sqla, django and celery, in that order
 #   bash scripts/bench.sh etcd redis       # only those
 #   bash scripts/bench.sh etcd --rounds 1000 --etcd-url etcd://HOST:PORT   # one benchmark with its arguments
 # `.venv/bin/python -m benchmarks.<name> --help` lists each benchmark's arguments.
 set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
-source scripts/servers.sh  # redis-server and PostgreSQL for the Redis, SQLAlchemy, Django and Celery benchmarks
-declare -A module=([etcd]=etcd_locks [handover]=etcd_handover [redis]=redis_locks [sqla]=sqla_fenced [django]=django_overhead [celery]=celery_overhead)
+source scripts/servers.sh  # redis-server, ZooKeeper and PostgreSQL for the Redis, ZooKeeper, SQLAlchemy, Django and
+# Celery benchmarks
+declare -A module=([etcd]=etcd_locks [handover]=etcd_handover [redis]=redis_locks [sqla]=sqla_fenced [django]=django_overhead [celery]=celery_overhead [zookeeper]=zookeeper_locks)
 names=()
 while [ $# -gt 0 ] && [ -n "${module[$1]:-}" ]; do names+=("$1"); shift; done
 if [ $# -gt 0 ] && [ ${#names[@]} -ne 1 ]; then
   echo "arguments after the names go to one benchmark; name exactly one of: ${!module[*]} (got: ${names[*]:-none} $*)" >&2
   exit 2
 fi
-[ ${#names[@]} -gt 0 ] || names=(etcd handover redis sqla django celery)
+[ ${#names[@]} -gt 0 ] || names=(etcd handover redis zookeeper sqla django celery)
 for name in "${names[@]}"; do
   echo "== benchmarks.${module[$name]}" >&2
   .venv/bin/python -m "benchmarks.${module[$name]}" "$@"
