@@ -30,18 +30,19 @@ join first looks for a child of the lock with its nonce, and takes that node ins
 ticket is then marked ``resent``, and ``lingering`` finds, by the same nonce, a node that a still later copy made
 after the lock was done with it, so the keeper can remove it.
 
-What can go wrong: servers may be down, restarting or between leaders, and a connection may break mid-request.
-kazoo reconnects on its own (to any server in the URL) while the session lives; every request here waits at most
-until its deadline (``request_timeout``) and is retried after a connection loss while time is left, then raises
+What can go wrong: servers may be down, restarting or between leaders, and a connection may break mid-request. kazoo
+reconnects on its own (to any server in the URL) while the session lives; every request here waits at most until its
+deadline (``request_timeout``) and is retried after a connection loss while time is left, then raises
 ``BackendUnavailable`` with kazoo's exception as ``__cause__``. A session the ensemble expired (the client was cut
 off for longer than its timeout, or frozen) raises ``LeaseGone`` for a join on it and reads as gone in
-``keep_alive``: the core then declares every lock on it lost, with the same signals as a lost etcd lease; a read
-or release of a ticket whose session a revoke closed under it goes through the backend's own session instead. An
-ACL that refuses us raises ``AuthenticationFailed``. ZooKeeper does not tell a client how long another client's
-session has left, so inspectors show time left only for this client's own sessions (``ttl_left`` is None for
-others). A name ZooKeeper refuses as a path component (``.`` and ``..`` are escaped; a few Unicode ranges, such as
-the private use area, are not accepted by the server) raises ``BackendError``. Every session is a TCP connection
-and two kazoo threads.
+``keep_alive``: the core then declares every lock on it lost, with the same signals as a lost etcd lease; a read or
+release of a ticket whose session a revoke closed under it goes through the backend's own session instead. An ACL
+that refuses us raises ``AuthenticationFailed``. The backend's own session may expire too (a long pause of the
+process): kazoo opens the next one by itself, and a request that met the expiry is sent again on it. ZooKeeper does
+not tell a client how long another client's session has left, so inspectors show time left only for this client's
+own sessions (``ttl_left`` is None for others). A name ZooKeeper refuses as a path component (``.`` and ``..`` are
+escaped; a few Unicode ranges, such as the private use area, are not accepted by the server) raises
+``BackendError``. Every session is a TCP connection and two kazoo threads.
 """
 
 from __future__ import annotations
@@ -75,8 +76,12 @@ _LONGEST_TIMEOUT = (2**31 - 1) / 1000
 _RETRYABLE: tuple[type[Exception], ...] = (kz.ConnectionLoss, kz.OperationTimeoutError, KazooTimeoutError)
 
 
+class _MainSessionRenewing(Exception):
+    """The backend's own session (not a lease) expired under a request; kazoo opens a new one by itself."""
+
+
 def _retryable(error: Exception) -> bool:
-    return isinstance(error, _RETRYABLE)
+    return isinstance(error, (*_RETRYABLE, _MainSessionRenewing))
 
 
 def _sequence(child: str) -> int:
@@ -215,7 +220,7 @@ class ZooKeeperBackend:
         return retrying(what, request, deadline, self._errors)
 
     def _translate(self, error: Exception, what: str) -> BackendError | None:
-        if isinstance(error, _RETRYABLE):
+        if isinstance(error, (*_RETRYABLE, _MainSessionRenewing)):
             return BackendUnavailable(f"{what}: {self.description} did not answer ({type(error).__name__})")
         if isinstance(error, (kz.SessionExpiredError, kz.ConnectionClosedError)):
             # A lease's session that expired, or that a revoke closed under a request in another thread.
@@ -226,13 +231,18 @@ class ZooKeeperBackend:
             return BackendError(f"{what} failed on {self.description}: {type(error).__name__}: {error}")
         return None
 
-    def _wait(self, result: Any, each: Attempt) -> Any:
-        """kazoo's answer to one request, waited for until the attempt's deadline at most."""
+    def _wait(self, result: Any, each: Attempt, client: KazooClient | None = None) -> Any:
+        """kazoo's answer to one request on ``client``, waited for until the attempt's deadline at most."""
         try:
             return result.get(timeout=max(each.timeout, 0.001))
         except kz.ConnectionClosedError as e:
             if self._closed:
                 raise ClientClosed(f"the distlock client for {self.description} is closed") from e
+            raise
+        except kz.SessionExpiredError as e:
+            if client is not None and client is self._main:
+                # The backend's own session expired: kazoo is opening the next one; nothing was lost, try again.
+                raise _MainSessionRenewing(self.description) from e
             raise
 
     def _lock_path(self, name: str) -> str:
@@ -244,7 +254,7 @@ class ZooKeeperBackend:
     def _children(self, client: KazooClient, path: str, what: str) -> list[str]:
         def request(each: Attempt) -> list[str]:
             try:
-                return list(self._wait(client.get_children_async(path), each))
+                return list(self._wait(client.get_children_async(path), each, client))
             except kz.NoNodeError:
                 return []
 
@@ -255,7 +265,7 @@ class ZooKeeperBackend:
         """The ``ZnodeStat`` of ``path``, or None when it does not exist."""
 
         def request(each: Attempt) -> Any:
-            return self._wait(client.exists_async(path), each)
+            return self._wait(client.exists_async(path), each, client)
 
         stat, _ = self._call(what, request)
         return stat
@@ -265,7 +275,9 @@ class ZooKeeperBackend:
     def check(self) -> None:
         try:
             client = self._main_client()
-            self._call("connect", lambda each: self._wait(client.exists_async(self._root), each), self.connect_timeout)
+            self._call(
+                "connect", lambda each: self._wait(client.exists_async(self._root), each, client), self.connect_timeout
+            )
         except BackendUnavailable as e:
             raise BackendUnavailable(
                 f"could not reach {self.description} within {self.connect_timeout:g} s "
@@ -303,7 +315,7 @@ class ZooKeeperBackend:
             return 0.0
 
         def request(each: Attempt) -> float:
-            self._wait(client.exists_async("/"), each)  # any answer renews the session for its whole timeout
+            self._wait(client.exists_async("/"), each, client)  # any answer renews the session for its whole timeout
             if client.client_id is None or client.client_id[0] != lease_id:
                 raise LeaseGone(f"lease {lease_id:x} is gone")
             return float(client._session_timeout) / 1000.0
@@ -335,7 +347,7 @@ class ZooKeeperBackend:
 
         def names(each: Attempt) -> list[str]:
             try:
-                return list(self._wait(client.get_children_async(self._root), each))
+                return list(self._wait(client.get_children_async(self._root), each, client))
             except kz.NoNodeError:
                 return []
 
@@ -356,12 +368,12 @@ class ZooKeeperBackend:
             if each.number > 1:
                 # The earlier attempt may have made our node: take it rather than make a second one.
                 try:
-                    children = self._wait(client.get_children_async(parent), each)
+                    children = self._wait(client.get_children_async(parent), each, client)
                 except kz.NoNodeError:
                     children = []
                 for child in children:
                     if child.startswith(f"{nonce}-") and _sequence(child) >= 0:
-                        stat = self._wait(client.exists_async(f"{parent}/{child}"), each)
+                        stat = self._wait(client.exists_async(f"{parent}/{child}"), each, client)
                         if stat is not None:
                             return f"{parent}/{child}", stat
             path, stat = self._wait(
@@ -432,7 +444,7 @@ class ZooKeeperBackend:
     def _delete(self, client: KazooClient, path: str, what: str) -> bool:
         def request(each: Attempt) -> bool:
             try:
-                self._wait(client.delete_async(path, version=0), each)
+                self._wait(client.delete_async(path, version=0), each, client)
             except kz.NoNodeError:
                 return False
             return True
@@ -451,7 +463,7 @@ class ZooKeeperBackend:
         what = f"read holder of lock {name!r}"
         # A sync first: this session then sees every write the ensemble committed before it (another session's
         # release or join), as a linearizable read would.
-        self._call(what, lambda each: self._wait(client.sync_async(parent), each))
+        self._call(what, lambda each: self._wait(client.sync_async(parent), each, client))
         while True:
             queue = self._children(client, parent, what)
             if not queue:
@@ -460,7 +472,7 @@ class ZooKeeperBackend:
 
             def request(each: Attempt, path: str = path) -> Any:
                 try:
-                    return self._wait(client.get_async(path), each)
+                    return self._wait(client.get_async(path), each, client)
                 except kz.NoNodeError:
                     return None
 
@@ -495,7 +507,7 @@ class ZooKeeperBackend:
         client = self._main_client()
         parent = self._lock_path(name)
         what = f"look for a late join of lock {name!r}"
-        self._call(what, lambda each: self._wait(client.sync_async(parent), each))
+        self._call(what, lambda each: self._wait(client.sync_async(parent), each, client))
         for child in self._children(client, parent, what):
             if child.startswith(f"{nonce}-"):
                 stat = self._stat(client, f"{parent}/{child}", what)
@@ -538,11 +550,11 @@ class ZooKeeperBackend:
         """Every lock under this prefix with its holder and waiters in queue order."""
         client = self._main_client()
         what = "inspect locks"
-        self._call(what, lambda each: self._wait(client.sync_async(self._root), each))
+        self._call(what, lambda each: self._wait(client.sync_async(self._root), each, client))
 
         def names(each: Attempt) -> list[str]:
             try:
-                return list(self._wait(client.get_children_async(self._root), each))
+                return list(self._wait(client.get_children_async(self._root), each, client))
             except kz.NoNodeError:
                 return []
 
@@ -555,7 +567,7 @@ class ZooKeeperBackend:
 
                 def request(each: Attempt, path: str = f"{parent}/{child}") -> Any:
                     try:
-                        return self._wait(client.get_async(path), each)
+                        return self._wait(client.get_async(path), each, client)
                     except kz.NoNodeError:
                         return None
 
