@@ -261,6 +261,31 @@ class ZooKeeperBackend:
         children, _ = self._call(what, request)
         return _queue(children)
 
+    def _get(self, client: KazooClient, path: str, what: str) -> tuple[bytes, Any] | None:
+        """The data and ``ZnodeStat`` of ``path``, or None when it does not exist."""
+
+        def request(each: Attempt) -> tuple[bytes, Any] | None:
+            try:
+                data, stat = self._wait(client.get_async(path), each, client)
+            except kz.NoNodeError:
+                return None
+            return bytes(data), stat
+
+        found, _ = self._call(what, request)
+        return found
+
+    def _lock_nodes(self, client: KazooClient, what: str) -> list[str]:
+        """The escaped names of every lock under this prefix (empty ones too)."""
+
+        def request(each: Attempt) -> list[str]:
+            try:
+                return list(self._wait(client.get_children_async(self._root), each, client))
+            except kz.NoNodeError:
+                return []
+
+        names, _ = self._call(what, request)
+        return names
+
     def _stat(self, client: KazooClient, path: str, what: str) -> Any:
         """The ``ZnodeStat`` of ``path``, or None when it does not exist."""
 
@@ -345,14 +370,7 @@ class ZooKeeperBackend:
         client = self._main_client()
         what = f"revoke lease {lease_id:x}"
 
-        def names(each: Attempt) -> list[str]:
-            try:
-                return list(self._wait(client.get_children_async(self._root), each, client))
-            except kz.NoNodeError:
-                return []
-
-        escaped_names, _ = self._call(what, names)
-        for escaped in escaped_names:
+        for escaped in self._lock_nodes(client, what):
             parent = f"{self._root}/{escaped}"
             for child in self._children(client, parent, what):
                 stat = self._stat(client, f"{parent}/{child}", what)
@@ -469,17 +487,9 @@ class ZooKeeperBackend:
             if not queue:
                 return None
             path = f"{parent}/{queue[0]}"
-
-            def request(each: Attempt, path: str = path) -> Any:
-                try:
-                    return self._wait(client.get_async(path), each, client)
-                except kz.NoNodeError:
-                    return None
-
-            found, _ = self._call(what, request)
+            found = self._get(client, path, what)
             if found is not None:
-                data, stat = found
-                return path, bytes(data), stat, len(queue) - 1
+                return path, found[0], found[1], len(queue) - 1
             # The head left between the two reads: read the queue again.
 
     def holder(self, name: str) -> Holder | None:
@@ -551,32 +561,17 @@ class ZooKeeperBackend:
         client = self._main_client()
         what = "inspect locks"
         self._call(what, lambda each: self._wait(client.sync_async(self._root), each, client))
-
-        def names(each: Attempt) -> list[str]:
-            try:
-                return list(self._wait(client.get_children_async(self._root), each, client))
-            except kz.NoNodeError:
-                return []
-
-        escaped_names, _ = self._call(what, names)
         states = []
-        for escaped in escaped_names:
+        for escaped in self._lock_nodes(client, what):
             parent = f"{self._root}/{escaped}"
             waiters = []
             for child in self._children(client, parent, what):
-
-                def request(each: Attempt, path: str = f"{parent}/{child}") -> Any:
-                    try:
-                        return self._wait(client.get_async(path), each, client)
-                    except kz.NoNodeError:
-                        return None
-
-                found, _ = self._call(what, request)
+                found = self._get(client, f"{parent}/{child}", what)
                 if found is not None:
                     data, stat = found
                     waiters.append(
                         Waiter(
-                            owner=owner_id(bytes(data)),
+                            owner=owner_id(data),
                             token=int(stat.czxid),
                             lease_id=int(stat.ephemeralOwner),
                             ttl_left=self._ttl_left(int(stat.ephemeralOwner)),
