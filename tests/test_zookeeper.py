@@ -104,3 +104,17 @@ def test_a_leader_kill_never_makes_two_holders_and_waiters_proceed(
     assert not overlaps, f"two holders at once: {overlaps}"
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), "tokens did not keep increasing"
     assert after_kill[0] > max(t for t in tokens if t not in after_kill)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("zk://user:secret@127.0.0.1:2181", "authentication is not supported"),
+        ("zk://127.0.0.1:2181/app/../other", r"'\.' or '\.\.' component"),
+        ("zk://127.0.0.1:2181?ca=/ca.pem", "unknown option 'ca'"),
+        ("zk://", "names no host"),
+    ],
+)
+def test_a_bad_zookeeper_url_is_refused_before_any_traffic(url: str, message: str) -> None:
+    with pytest.raises(distlock.ConfigurationError, match=message):
+        distlock.connect(url, check=False)

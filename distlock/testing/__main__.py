@@ -5,6 +5,7 @@
     python -m distlock.testing etcd --etcd-version 3.4   # on Debian's etcd 3.4 (find_etcd(version="3.4"))
     python -m distlock.testing redis              # redis://127.0.0.1:<port>/0
     python -m distlock.testing postgres           # postgresql://distlock@127.0.0.1:<port>/distlock
+    python -m distlock.testing zookeeper          # zk://127.0.0.1:<port> (--members 3: an ensemble)
 
 Without a server it prints its usage. The URL is the only line on stdout (for ``$(...)`` or a pipe); the log's
 path goes to stderr. Ctrl-C or SIGTERM stops the server and removes its directory.
@@ -23,7 +24,16 @@ import threading
 from types import FrameType
 
 from distlock._errors import ConfigurationError
-from distlock.testing import EtcdCluster, EtcdServer, HarnessError, PostgresServer, RedisServer, find_etcd
+from distlock.testing import (
+    EtcdCluster,
+    EtcdServer,
+    HarnessError,
+    PostgresServer,
+    RedisServer,
+    ZooKeeperEnsemble,
+    ZooKeeperServer,
+    find_etcd,
+)
 
 __all__: list[str] = []
 
@@ -35,11 +45,12 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m distlock.testing",
-        description="Start a throwaway etcd, Redis or PostgreSQL on loopback, print its URL, run until Ctrl-C.",
+        description="Start a throwaway etcd, Redis, PostgreSQL or ZooKeeper on loopback, print its URL, run until "
+        "Ctrl-C.",
         epilog="example: python -m distlock.testing etcd --members 3  (prints etcd://127.0.0.1:<p1>,...)",
     )
-    parser.add_argument("server", nargs="?", choices=["etcd", "redis", "postgres"])
-    parser.add_argument("--members", type=int, default=1, help="etcd: cluster members (default 1)")
+    parser.add_argument("server", nargs="?", choices=["etcd", "redis", "postgres", "zookeeper"])
+    parser.add_argument("--members", type=int, default=1, help="etcd, zookeeper: members (default 1)")
     parser.add_argument("--tls", action="store_true", help="etcd: serve TLS with client certificates")
     parser.add_argument("--etcd-version", help="etcd: run a binary of this release line, e.g. 3.4 (default: any)")
     parser.add_argument("--appendonly", action="store_true", help="redis: keep writes across kill and restart")
@@ -53,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     # Started in the background by a shell, Python inherits SIGINT ignored: let `kill -INT` stop it like Ctrl-C.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    server: EtcdCluster | EtcdServer | RedisServer | PostgresServer
+    server: EtcdCluster | EtcdServer | RedisServer | PostgresServer | ZooKeeperServer | ZooKeeperEnsemble
     try:
         if args.server == "etcd":
             binary = find_etcd(version=args.etcd_version)
@@ -63,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
                 server = EtcdServer(tls=args.tls, binary=binary)
         elif args.server == "redis":
             server = RedisServer(appendonly=args.appendonly)
+        elif args.server == "zookeeper":
+            server = ZooKeeperEnsemble(args.members) if args.members > 1 else ZooKeeperServer()
         else:
             server = PostgresServer(create_user=args.create_user)
         with server:
-            if isinstance(server, EtcdCluster):
+            if isinstance(server, EtcdCluster | ZooKeeperEnsemble):
                 url, logs = server.url, ", ".join(str(member.log_path) for member in server.members)
             else:
                 url, logs = (server.dsn if isinstance(server, PostgresServer) else server.url), str(server.log_path)
