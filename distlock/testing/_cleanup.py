@@ -3,7 +3,9 @@
 Closing a client releases the locks it holds, but not every key a backend wrote goes with them: on Redis a lock's
 token counter never expires (that is what keeps its tokens increasing), and a wake-up list can outlive its
 waiter; on etcd every key is on a lease, so only a client that never closed (a crashed process, a client the test
-forgot) leaves keys behind, until its lease runs out. `remove_keys` deletes them all, for one prefix, right away.
+forgot) leaves keys behind, until its lease runs out; on ZooKeeper the same holds for waiters' nodes (on their
+sessions), and each lock's own node stays (empty) by design. `remove_keys` deletes them all, for one prefix, right
+away (on ZooKeeper: the waiters' nodes, not the empty lock nodes).
 
 Only for a prefix no live program uses: a holder whose keys are deleted loses its lock (on etcd at once; on Redis
 its next waiter walks in), and a deleted Redis token counter starts again from the server clock. Prefixes are
@@ -30,7 +32,8 @@ def remove_keys(url: str, prefix: str) -> int:
     backend_name = SCHEMES[url.partition("://")[0].lower()].backend
     with distlock.connect(url, prefix=prefix) as client:
         backend: Any = client._backend
-        return _remove_etcd(backend) if backend_name == "etcd" else _remove_redis(backend)
+        remove = {"etcd": _remove_etcd, "zookeeper": _remove_zookeeper}.get(backend_name, _remove_redis)
+        return remove(backend)
 
 
 def _remove_etcd(backend: Any) -> int:
@@ -58,4 +61,15 @@ def _remove_redis(backend: Any) -> int:
                 removed += int(deleted)
             if int(cursor) == 0:
                 break
+    return removed
+
+
+def _remove_zookeeper(backend: Any) -> int:
+    # Every waiter's node under the prefix; the lock nodes themselves stay (empty), as they do in use.
+    client = backend._main_client()
+    removed = 0
+    for escaped in backend._lock_nodes(client, _WHAT):
+        parent = f"{backend._root}/{escaped}"
+        for child in backend._children(client, parent, _WHAT):
+            removed += int(backend._delete(client, f"{parent}/{child}", _WHAT))
     return removed
