@@ -20,6 +20,7 @@ SMOKES = {
     "etcd,celery": ("smoke_celery.py", "etcd_url"),
     "etcd,otel": ("smoke_otel.py", "etcd_url"),
     "redis": ("smoke_redis.py", "redis_url"),
+    "zookeeper": ("smoke_zookeeper.py", "zookeeper_url"),
 }
 
 

@@ -26,6 +26,7 @@ except distlock.ConfigurationError as e:
     [
         ("grpc", "etcd://127.0.0.1:1", "pip install 'distlock-fenced[etcd]'"),
         ("redis", "redis://127.0.0.1:1", "'distlock-fenced[redis]'"),
+        ("kazoo", "zk://127.0.0.1:1", "'distlock-fenced[zookeeper]'"),
     ],
 )
 def test_a_backend_without_its_extra_raises_configuration_error(module: str, url: str, extra: str) -> None:
