@@ -205,8 +205,22 @@ class ZooKeeperBackend:
             clients = list(self._sessions.values()) + ([self._main] if self._main is not None else [])
             self._sessions = {}
             self._main = None
-        for client in clients:
-            self._discard(client)
+        self._discard_within(clients, self.request_timeout)
+
+    def _discard_within(self, clients: Sequence[KazooClient], timeout: float) -> None:
+        """Close ``clients``' sessions (deleting their ephemeral nodes), waiting at most ``timeout`` s in all.
+
+        kazoo's ``stop()`` waits for its connection thread, which gives up on a server that does not answer only
+        after the session's read timeout: each runs on a thread of its own, left to finish in the background."""
+        deadline = _clock.now() + timeout
+        stoppers = [
+            threading.Thread(target=self._discard, args=(client,), name="distlock-zk-close", daemon=True)
+            for client in clients
+        ]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(max(deadline - _clock.now(), 0))
 
     # -- request plumbing -------------------------------------------------------------------------------------
 
@@ -359,11 +373,7 @@ class ZooKeeperBackend:
             # Another client's session (an operator's revoke): only its owner can close it, so delete its nodes.
             self._delete_nodes_of(lease_id)
         else:
-            # Closing the session deletes its ephemeral nodes. kazoo's stop() waits for its connection thread, which
-            # gives up on a server that does not answer after the session's read timeout.
-            stopper = threading.Thread(target=self._discard, args=(client,), name="distlock-zk-close", daemon=True)
-            stopper.start()
-            stopper.join(self.request_timeout)
+            self._discard_within([client], self.request_timeout)  # closing the session deletes its nodes
 
     def _delete_nodes_of(self, lease_id: int) -> None:
         """Delete every waiter's node under this prefix that lives on session ``lease_id`` (one read per lock)."""
