@@ -20,6 +20,13 @@ a node made later has a larger one, and the zxid keeps growing through leader el
 leader's epoch) and restarts (it is in the transaction log). Reads of one ticket's place go through its own
 session, so a waiter always sees its own node (ZooKeeper promises a session its own writes, not another's).
 
+Semaphores and read/write locks use the same queue under the grant rule of ``_shape``: the kind leads the nonce,
+and so the node's name, where every reader of the queue sees it. A writer waits on the node just ahead, a reader on
+the newest writer ahead of it; a semaphore waiter needs no one node in particular to go (any ``limit`` of those
+ahead will do), so it sets a watch on the lock's list of children instead, and looks again at once when the entries
+ahead already changed since its read. A join that finds another kind queued on the name leaves at once with
+``LockKindMismatch``.
+
 Sequence numbers never repeat within a lock's node, so a path is never made twice and a release or cancel is a
 delete of that path, version-checked (``delete(path, version=0)``: the node is never written after it is made) so
 that no delete can remove anything but the node the ticket names; a force release reads the head's ``czxid`` first
@@ -47,6 +54,7 @@ escaped; a few Unicode ranges, such as the private use area, are not accepted by
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -56,6 +64,7 @@ from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, Cl
 from .._names import escape_name, unescape_name
 from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 from .._retry import Attempt, ErrorTable, retrying
+from .._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch
 
 try:
     from kazoo import exceptions as kz
@@ -95,8 +104,30 @@ def _queue(children: Sequence[str]) -> list[str]:
     return sorted((child for child in children if _sequence(child) >= 0), key=_sequence)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Place(Position):
+    """A semaphore waiter's place: the entries ahead of it when read. No single entry's deletion is needed for it
+    to hold (any ``limit`` of them will do), so it watches the queue's list of children instead of one node."""
+
+    queue_ahead: tuple[str, ...] = ()
+
+
 def _format_host(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _place_in(parent: str, queue: Sequence[str], index: int) -> Position:
+    """Where the entry at ``index`` of ``queue`` (in queue order) stands, by the grant rule of its kind: held, or
+    the one node whose deletion it must wait for (a plain lock's or a writer's: the entry just ahead; a reader's: the
+    newest writer ahead), or, for a semaphore, the entries ahead of it to watch as a whole."""
+    kinds = [kind_of(child) for child in queue[: index + 1]]
+    if holding(kinds)[-1]:
+        return Position(held=True, waiters_ahead=index)
+    ours = kinds[-1]
+    if limit_of(ours) > 1:
+        return _Place(held=False, waiters_ahead=index, queue_ahead=tuple(queue[:index]))
+    ahead = max(i for i in range(index) if conflicts(ours, kinds[i])) if ours == READ else index - 1
+    return Position(held=False, ahead=f"{parent}/{queue[ahead]}".encode(), waiters_ahead=index)
 
 
 class ZooKeeperBackend:
@@ -420,7 +451,18 @@ class ZooKeeperBackend:
         ticket = Ticket(
             name=name, key=path.encode("utf-8"), revision=int(stat.czxid), lease_id=lease_id, resent=attempts > 1
         )
-        return ticket, self.position(ticket)
+        ours = kind_of(nonce)
+        parent, _, mine = path.rpartition("/")
+        queue = self._on_reader(ticket, lambda client: self._children(client, parent, what))
+        others = [kind_of(child) for child in queue if child != mine and family(kind_of(child)) != family(ours)]
+        if others:
+            # Another kind's entry is queued (a plain lock, another semaphore limit): the rule means nothing
+            # across them, so leave at once and say so.
+            self._delete(client, path, what)
+            raise mismatch(name, ours, others[0])
+        if mine not in queue:
+            return ticket, Position(held=False, gone=True)
+        return ticket, _place_in(parent, queue, queue.index(mine))
 
     def _on_reader(self, ticket: Ticket, request: Callable[[KazooClient], _R]) -> _R:
         """``request`` on the session that reads ``ticket``'s place; on the backend's own session when that one
@@ -437,10 +479,7 @@ class ZooKeeperBackend:
         queue = self._on_reader(ticket, lambda client: self._children(client, parent, what))
         if mine not in queue:
             return Position(held=False, gone=True)
-        index = queue.index(mine)
-        if index == 0:
-            return Position(held=True, waiters_ahead=0)
-        return Position(held=False, ahead=f"{parent}/{queue[index - 1]}".encode(), waiters_ahead=index)
+        return _place_in(parent, queue, queue.index(mine))
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
         # A watch on the node ahead fires once, when it is deleted; a change of the connection's state wakes us too
@@ -454,15 +493,24 @@ class ZooKeeperBackend:
 
         client.add_listener(on_state)
         unregister = interrupt.on_fire(woken.set)
+        patience = self.request_timeout if timeout is None else min(timeout, self.request_timeout)
         try:
             try:
-                stat = client.exists_async(position.ahead.decode("utf-8"), watch=lambda event: woken.set()).get(
-                    timeout=self.request_timeout if timeout is None else min(timeout, self.request_timeout)
-                )
+                if isinstance(position, _Place):
+                    # A semaphore waiter: any change to the queue may be the one that lets it hold. If the entries
+                    # ahead changed since its read, a deletion may have come before the watch: look again now.
+                    parent, _, mine = ticket.key.decode("utf-8").rpartition("/")
+                    children = client.get_children_async(parent, watch=lambda event: woken.set()).get(timeout=patience)
+                    queue = _queue(children)
+                    if mine not in queue or tuple(queue[: queue.index(mine)]) != position.queue_ahead:
+                        return None
+                else:
+                    ahead = position.ahead.decode("utf-8")
+                    stat = client.exists_async(ahead, watch=lambda event: woken.set()).get(timeout=patience)
+                    if stat is None:
+                        return None  # already gone
             except (kz.KazooException, KazooTimeoutError):
                 return None  # the caller's next read retries, and raises if the service stays away
-            if stat is None:
-                return None  # already gone
             woken.wait(timeout)
         finally:
             unregister()
@@ -574,11 +622,12 @@ class ZooKeeperBackend:
         states = []
         for escaped in self._lock_nodes(client, what):
             parent = f"{self._root}/{escaped}"
-            waiters = []
+            waiters, kinds = [], []
             for child in self._children(client, parent, what):
                 found = self._get(client, f"{parent}/{child}", what)
                 if found is not None:
                     data, stat = found
+                    kinds.append(kind_of(child))
                     waiters.append(
                         Waiter(
                             owner=owner_id(data),
@@ -588,6 +637,5 @@ class ZooKeeperBackend:
                         )
                     )
             if waiters:
-                name = unescape_name(escaped)
-                states.append(LockState(name=name, holder=waiters[0], waiters=tuple(waiters[1:])))
+                states.append(lock_state(unescape_name(escaped), waiters, kinds))
         return sorted(states, key=lambda state: state.name)
