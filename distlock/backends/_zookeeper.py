@@ -343,11 +343,19 @@ class ZooKeeperBackend:
     # -- Backend protocol -------------------------------------------------------------------------------------
 
     def check(self) -> None:
+        # A session of its own, closed again: a client that only takes locks then keeps one connection per lease,
+        # not one more (ZooKeeper allows 60 connections per client address by default, maxClientCnxns). The
+        # backend's own session is opened again when an inspector or operator first needs it.
         try:
-            client = self._main_client()
-            self._call(
-                "connect", lambda each: self._wait(client.exists_async(self._root), each, client), self.connect_timeout
-            )
+            client = self._open(max(self.request_timeout, 10.0), _clock.now() + self.connect_timeout)
+            try:
+                self._call(
+                    "connect",
+                    lambda each: self._wait(client.exists_async(self._root), each, client),
+                    self.connect_timeout,
+                )
+            finally:
+                self._discard_within([client], self.request_timeout)
         except BackendUnavailable as e:
             raise BackendUnavailable(
                 f"could not reach {self.description} within {self.connect_timeout:g} s "
