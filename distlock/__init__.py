@@ -21,6 +21,7 @@ import logging
 
 from ._client import Client, connect
 from ._clientcache import ClientCache
+from ._election import AsyncElection, Election, Leader
 from ._errors import (
     AuthenticationFailed,
     BackendError,
@@ -53,6 +54,7 @@ __version__ = "0.1.0"
 logging.getLogger("distlock").addHandler(logging.NullHandler())
 
 __all__ = [
+    "AsyncElection",
     "AsyncLock",
     "AsyncMultiLock",
     "AsyncRWLock",
@@ -64,11 +66,13 @@ __all__ = [
     "ClientClosed",
     "ConfigurationError",
     "DistlockError",
+    "Election",
     "Fence",
     "Holder",
     "InvalidKeyTemplate",
     "InvalidLockName",
     "KeyTemplate",
+    "Leader",
     "Lock",
     "LockError",
     "LockKindMismatch",

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Self, Unpack
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ._election import AsyncElection, Election
 from ._errors import ClientClosed, ConfigurationError
 from ._lock import AsyncLock, Lock, LockOptions
 from ._multi import AsyncMultiLock, MultiLock
@@ -118,6 +119,17 @@ class Client:
     def async_multi_lock(self, names: Iterable[str], **options: Unpack[LockOptions]) -> AsyncMultiLock:
         """The asyncio twin of :meth:`multi_lock`."""
         return AsyncMultiLock(self.multi_lock(names, **options))
+
+    def election(self, name: str, value: str | None = None, **options: Unpack[LockOptions]) -> Election:
+        """A candidate in leader election ``name``, named ``value`` (default ``"host:pid"``): ``campaign()`` to
+        lead, ``resign()``, ``leader()``, ``observe()``; the term is the leader's fencing token (see
+        :class:`Election`). The options are a lock's, except ``owner``."""
+        self._check_open()
+        return Election(self, name, value, **options)
+
+    def async_election(self, name: str, value: str | None = None, **options: Unpack[LockOptions]) -> AsyncElection:
+        """The asyncio twin of :meth:`election`."""
+        return AsyncElection(self.election(name, value, **options))
 
     def holder(self, name: str) -> Holder | None:
         """Who holds lock ``name`` now (its owner id, the token, the number of waiters), or None."""

@@ -12,12 +12,12 @@ import distlock
 import distlock.backends
 
 CONTRACT = {
-    "AsyncLock", "AsyncMultiLock", "AsyncRWLock", "AuthenticationFailed", "BackendError", "BackendUnavailable",
-    "Client", "ClientCache", "ClientClosed", "ConfigurationError", "DistlockError", "Fence", "Holder",
-    "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate", "Lock", "LockError", "LockKindMismatch", "LockLost",
-    "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "MultiLock", "RWLock", "StaleFenceToken",
-    "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token", "fence_for",
-    "fence_for_write", "fence_refused", "format_lock_table", "seconds", "stale_token_message",
+    "AsyncElection", "AsyncLock", "AsyncMultiLock", "AsyncRWLock", "AuthenticationFailed", "BackendError",
+    "BackendUnavailable", "Client", "ClientCache", "ClientClosed", "ConfigurationError", "DistlockError", "Election",
+    "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate", "Leader", "Lock", "LockError",
+    "LockKindMismatch", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "MultiLock",
+    "RWLock", "StaleFenceToken", "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token",
+    "fence_for", "fence_for_write", "fence_refused", "format_lock_table", "seconds", "stale_token_message",
 }  # fmt: skip
 
 

@@ -4,6 +4,8 @@ Run as ``python sqlaworker.py ETCD_URL DB_URL``; it prints ``{"ready": true}``, 
 command (flushed at once, so a test can SIGSTOP it between two):
 
 - ``{"op": "acquire", "name": N, "ttl": S}`` → ``{"token": T}``
+- ``{"op": "elect", "name": N, "value": V, "ttl": S}`` → ``{"token": T}``: campaign in election N as candidate V
+  until leading; the term is the token, and the election's lock is the lock of the commands below
 - ``{"op": "read", "id": I, "claim": bool, "commit": bool}`` → ``{"value": V, "token": T}``: read the row, claiming
   it first (``claim_one``) or not; commit right after (the autocommit path) or keep the transaction open.
 - ``{"op": "write", "guard": "flush"|"write-only", "commit": bool}`` → ``{"ok": true}``: write what was read + 1,
@@ -47,6 +49,11 @@ class Worker:
             self.lock = self.client.lock(command["name"], ttl=command["ttl"], timeout=60)
             self.lock.acquire()
             return {"token": self.lock.token}
+        if op == "elect":
+            election = self.client.election(command["name"], value=command["value"], ttl=command["ttl"], timeout=60)
+            election.campaign()
+            self.lock = election.lock
+            return {"token": election.term}
         if op == "read":
             if command["claim"]:
                 self.row = claim_one(self.session, Counter, command["id"])

@@ -1,0 +1,251 @@
+"""Leader election: one leader per name among any number of candidates, and the term is a fencing token.
+
+``client.election("scheduler")`` is a lock whose holder is the leader. A candidate joins the lock's queue with
+its *value* (who it is: ``"host:pid"`` unless given) as the queue entry's owner, so anyone can read who leads
+(``leader()``) without being a candidate. ``campaign()`` waits to lead (``acquire()``), ``resign()`` steps down
+(``release()``: the next candidate leads at once), and the **term** is the leader's fencing token: strictly larger
+than every earlier leader's, so ``distlock_django`` and ``distlock_sqla`` refuse a deposed leader's writes
+exactly as they refuse a lock's stale holder (``election.fence``, or the election being the current lock of its
+name while leading). Candidates queue in order: when a leader dies, resigns or is frozen past its TTL, the
+longest-waiting candidate leads next.
+
+A leader that stops answering (a pause, a partition) is deposed when its lease runs out, without its help; until
+it learns so (``lost``, ``ensure_held()``, ``on_lost``) it may still believe it leads. Its writes are then refused
+by the fence once the new leader has written: the term, not the belief, decides.
+
+``observe()`` yields the leader each time it changes, for processes that follow rather than lead. It reads the
+lock's holder every ``poll`` seconds (one read each; a leader change shows within one interval), so it costs
+one read per interval per observer, whatever the backend.
+
+What can go wrong: a bad ``value`` (not a printable str of 1 to 256 characters), ``poll`` or option raises
+``ConfigurationError`` where it is given; otherwise as :class:`~distlock.Lock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Self, Unpack
+
+from . import _clock
+from ._errors import ConfigurationError, LockNotAcquired
+from ._lock import AsyncLock, Fence, Lock, LockOptions
+from ._seconds import seconds
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["AsyncElection", "Election", "Leader"]
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads an election (its candidate's ``value``) and in which ``term`` (the leader's fencing token)."""
+
+    value: str
+    term: int
+
+
+class Election:
+    """One candidate in the election ``name``. Create with ``client.election(name, value=..., ttl=...)``.
+
+    The options are a lock's (:class:`~distlock.LockOptions`, except ``owner``: the candidate's ``value`` is its
+    owner); ``ttl`` is how long a silent leader keeps leading, ``timeout`` how long ``campaign()`` waits by default.
+    """
+
+    def __init__(self, client: Client, name: str, value: str | None = None, **options: Unpack[LockOptions]) -> None:
+        if "owner" in options:
+            raise ConfigurationError("an election's candidate is named by value=..., not owner=...")
+        if value is None:
+            value = f"{socket.gethostname()}:{os.getpid()}"
+        self._client = client
+        candidate: LockOptions = {**options, "owner": value}
+        self._lock = Lock(client, name, **candidate)
+        self.value = value
+
+    @property
+    def name(self) -> str:
+        return self._lock.name
+
+    @property
+    def lock(self) -> Lock:
+        """The lock under this candidacy (held while leading)."""
+        return self._lock
+
+    def __repr__(self) -> str:
+        state = f"leading term {self._lock.token}" if self._lock.owned() else "not leading"
+        return f"<distlock.Election {self.name!r} value={self.value!r} {state}>"
+
+    # -- leading ----------------------------------------------------------------------------------------------
+
+    def campaign(self, timeout: float | None = None) -> bool:
+        """Wait to lead; True once leading, False when ``timeout`` ran out (None: the ``timeout`` option;
+        ``math.inf``: forever). Raises as :meth:`Lock.acquire`."""
+        return self._lock.acquire(True, timeout)
+
+    def resign(self) -> None:
+        """Step down: the next candidate leads at once. Raises ``LockLost`` if this candidate had been deposed
+        meanwhile (its lease ran out), ``LockNotOwned`` if it was not leading."""
+        self._lock.release()
+
+    def is_leader(self) -> bool:
+        """True while this candidate leads and is not known to be deposed (a local check)."""
+        return self._lock.owned()
+
+    @property
+    def term(self) -> int:
+        """The term this candidate leads in: its fencing token. Raises ``LockNotOwned`` when not leading."""
+        return self._lock.token
+
+    @property
+    def fence(self) -> Fence:
+        """The fencing token with the election's name, for fenced writes. Raises when not leading."""
+        return self._lock.fence
+
+    @property
+    def lost(self) -> bool:
+        """True once this leader is known deposed (lease expired or revoked, ``max_hold`` passed)."""
+        return self._lock.lost
+
+    def ensure_held(self, verify: bool = False) -> None:
+        """Raise ``LockLost`` if deposed, ``LockNotOwned`` if not leading (see :meth:`Lock.ensure_held`)."""
+        self._lock.ensure_held(verify)
+
+    def __enter__(self) -> Self:
+        if not self.campaign():
+            raise LockNotAcquired(
+                f"election {self.name!r}: not leading within {self._lock.timeout:g} s (timeout)", name=self.name
+            )
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._lock.__exit__(kind, value, traceback)
+
+    # -- following --------------------------------------------------------------------------------------------
+
+    def leader(self) -> Leader | None:
+        """Who leads now (asks the server), or None when nobody does."""
+        holder = self._client.holder(self.name)
+        return None if holder is None else Leader(holder.owner, holder.token)
+
+    def observe(
+        self, timeout: float | None = None, poll: float = 0.25, stop: threading.Event | None = None
+    ) -> Iterator[Leader | None]:
+        """Yield the leader now, then again each time it changes (a new term, or None when nobody leads), until
+        ``timeout`` seconds have passed (None: forever) or ``stop`` is set. Reads the holder every ``poll``
+        seconds. A bad ``timeout`` or ``poll`` raises ``ConfigurationError`` here, not at the first step."""
+        return self._follow(_Following(timeout, poll), stop or threading.Event())
+
+    def _follow(self, following: _Following, stop: threading.Event) -> Iterator[Leader | None]:
+        while True:
+            now = self.leader()
+            if following.changed(now):
+                yield now
+            wait = following.pause()
+            if wait is None or stop.wait(wait):
+                return
+
+
+class _Following:
+    """The bookkeeping of ``observe()``, sync or async: what was yielded last, and how long to pause next."""
+
+    def __init__(self, timeout: float | None, poll: float) -> None:
+        self.poll = seconds(poll, "poll (seconds between reads)")
+        limit = seconds(timeout, "timeout", allow_none=True, allow_zero=True, allow_forever=True)
+        self.deadline = None if limit is None else _clock.now() + limit
+        self.seen: Leader | bool | None = False  # nothing yielded yet
+
+    def changed(self, now: Leader | None) -> bool:
+        if now == self.seen:
+            return False
+        self.seen = now
+        return True
+
+    def pause(self) -> float | None:
+        """Seconds to wait before the next read; None once the timeout has passed."""
+        if self.deadline is None:
+            return self.poll
+        left = self.deadline - _clock.now()
+        return None if left <= 0 else min(self.poll, left)
+
+
+class AsyncElection:
+    """The asyncio twin of :class:`Election`: ``await e.campaign()``, ``await e.resign()``, ``async with``,
+    ``async for leader in e.observe()``."""
+
+    def __init__(self, election: Election) -> None:
+        self._election = election
+        self._async = AsyncLock(election.lock)
+
+    @property
+    def sync(self) -> Election:
+        return self._election
+
+    @property
+    def name(self) -> str:
+        return self._election.name
+
+    @property
+    def value(self) -> str:
+        return self._election.value
+
+    @property
+    def term(self) -> int:
+        return self._election.term
+
+    @property
+    def fence(self) -> Fence:
+        return self._election.fence
+
+    @property
+    def lost(self) -> bool:
+        return self._election.lost
+
+    def is_leader(self) -> bool:
+        return self._election.is_leader()
+
+    async def campaign(self, timeout: float | None = None) -> bool:
+        return await self._async.acquire(True, timeout)
+
+    async def resign(self) -> None:
+        await self._async.release()
+
+    async def ensure_held(self, verify: bool = False) -> None:
+        await self._async.ensure_held(verify)
+
+    async def leader(self) -> Leader | None:
+        return await asyncio.to_thread(self._election.leader)
+
+    def observe(self, timeout: float | None = None, poll: float = 0.25) -> AsyncIterator[Leader | None]:
+        """``async for leader in election.observe()``: as :meth:`Election.observe`."""
+        return self._follow(_Following(timeout, poll))
+
+    async def _follow(self, following: _Following) -> AsyncIterator[Leader | None]:
+        while True:
+            now = await self.leader()
+            if following.changed(now):
+                yield now
+            wait = following.pause()
+            if wait is None:
+                return
+            await asyncio.sleep(wait)
+
+    async def __aenter__(self) -> Self:
+        if not await self.campaign():
+            raise LockNotAcquired(
+                f"election {self.name!r}: not leading within {self._election.lock.timeout:g} s (timeout)",
+                name=self.name,
+            )
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self._async.__aexit__(kind, value, traceback)
