@@ -7,6 +7,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from _support import LockServer, Worker, wait_until, waiters
@@ -165,9 +166,20 @@ def test_a_waiter_that_gives_up_during_an_outage_is_removed_later(lock_server: L
         holder = observer.lock(lock_name, ttl=30)
         assert holder.acquire()
         result: list[bool] = []
+        # Pause only once the waiter waits: its join is done (on ZooKeeper, a join is a create and then a read,
+        # and the node shows before the read is answered).
+        waiting = threading.Event()
+        backend = client._backend
+        wait = backend.wait
+
+        def waits(*args: Any) -> Any:
+            waiting.set()
+            return wait(*args)
+
+        backend.wait = waits  # type: ignore[method-assign,assignment]
         thread = threading.Thread(target=lambda: result.append(client.lock(lock_name, ttl=30).acquire(timeout=1.5)))
         thread.start()
-        wait_until(lambda: waiters(observer, lock_name) == 1, 5, "the waiter to queue")
+        assert waiting.wait(5), "the waiter did not start waiting"
         lock_server.pause()  # the waiter's timeout strikes while the server cannot answer its delete
         try:
             thread.join(15)
