@@ -685,6 +685,8 @@ class Plan:
     labels: Mapping[str, str]
     sessions: Mapping[str, SessionFactory]
     contenders: Mapping[str, BlockingSessionFactory]
+    #: How many may hold at once: 1 for locks, the limit for semaphores (exclusion then means "never more").
+    limit: int = 1
 
 
 # --- what runs in the child processes ---------------------------------------------------------------------------
@@ -756,6 +758,8 @@ class _ContentionJob:
     acquire_timeout: float
     counter: Any  # multiprocessing RawValue("q"): incremented without any other lock than the one measured
     owner: Any  # multiprocessing RawValue("q"): 1 + index of the process inside the critical section, else 0
+    limit: int = 1  # more than 1: a semaphore; ``owner`` then counts the holders inside, under ``guard``
+    guard: Any = None  # multiprocessing Lock: only for a semaphore, to count its holders exactly
 
     def open(self) -> BlockingSession:
         session = self.open_session(self.url, self.name)
@@ -776,13 +780,21 @@ class _ContentionJob:
                     result.failures += 1
                     continue
                 acquired = time.monotonic()
-                if self.owner.value != 0:
-                    result.overlaps += 1
-                self.owner.value = me
-                self.counter.value += 1
-                if self.owner.value != me:
-                    result.overlaps += 1
-                self.owner.value = 0
+                if self.limit == 1:
+                    if self.owner.value != 0:
+                        result.overlaps += 1
+                    self.owner.value = me
+                    self.counter.value += 1
+                    if self.owner.value != me:
+                        result.overlaps += 1
+                    self.owner.value = 0
+                else:
+                    with self.guard:  # the holders inside, counted exactly: more than the limit is an overlap
+                        self.owner.value += 1
+                        result.overlaps += self.owner.value > self.limit
+                        self.counter.value += 1
+                    with self.guard:
+                        self.owner.value -= 1
                 session.release()
                 if acquired <= end:
                     result.seconds.append(acquired - t0)
@@ -1088,6 +1100,8 @@ def measure(server: ServerUnderTest, args: argparse.Namespace, run: Run, plan: P
                 timeout,
                 counter,
                 owner,
+                plan.limit,
+                ctx.Lock() if plan.limit > 1 else None,
             )
             jobs: list[_Job[Any]] = [job] * processes
             outcome = _run(ctx, server, jobs, window=args.duration, limit=args.duration + GRACE)

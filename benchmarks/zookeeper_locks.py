@@ -74,7 +74,8 @@ def _hosts(url: str) -> str:
     return urlsplit(url).netloc
 
 
-def _client(url: str) -> KazooClient:
+def kazoo_client(url: str) -> KazooClient:
+    """A started kazoo client of ``url`` with a session of the benchmarks' TTL."""
     client = KazooClient(hosts=_hosts(url), timeout=TTL)
     client.start(timeout=10)
     return client
@@ -85,7 +86,7 @@ class KazooSession(LockSession):
 
     def __init__(self, url: str, name: str) -> None:
         super().__init__()
-        self._client = _client(url)
+        self._client = kazoo_client(url)
         self._path = f"{_ROOT}/kazoo/{name}"
 
     def new_lock(self) -> Any:
@@ -103,7 +104,7 @@ class RawSession:
     """The floor: join (create an ephemeral sequential node), see that it is first (list the parent), leave."""
 
     def __init__(self, url: str, name: str) -> None:
-        self._client = _client(url)
+        self._client = kazoo_client(url)
         self._parent = f"{_ROOT}/raw/{name}"
         self._client.ensure_path(self._parent)
 
@@ -164,7 +165,7 @@ class ZooKeeperUnderTest(ServerUnderTest):
     def remove_leftovers(self) -> int:
         """Delete and count this run's nodes still on the server: waiters' nodes under distlock's lock nodes and
         kazoo's and the floor's parents (the empty lock nodes themselves stay, as they do in use)."""
-        client = _client(self.url)
+        client = kazoo_client(self.url)
         try:
             left = 0
             for parent in ("/distlock", f"{_ROOT}/kazoo", f"{_ROOT}/raw"):
@@ -241,7 +242,8 @@ def render(run: Run, machine: list[str], args: argparse.Namespace, results: Lock
 
 
 @contextmanager
-def _server(args: argparse.Namespace, run_id: str) -> Iterator[ZooKeeperUnderTest]:
+def zookeeper_server(args: argparse.Namespace, run_id: str) -> Iterator[ZooKeeperUnderTest]:
+    """The ZooKeeper of ``--zookeeper-url``, or one started for the run."""
     if args.zookeeper_url:
         yield ZooKeeperUnderTest(args.zookeeper_url, "an existing server", run_id)
         return
@@ -260,7 +262,7 @@ def _parse_args(run: Run) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     run = Run.begin("benchmarks.zookeeper_locks", argv)
     args = _parse_args(run)
-    return lock_benchmark(run, args, _server(args, run.id), PACKAGES, PLAN, NAME, render)
+    return lock_benchmark(run, args, zookeeper_server(args, run.id), PACKAGES, PLAN, NAME, render)
 
 
 if __name__ == "__main__":
