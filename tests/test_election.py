@@ -6,15 +6,14 @@ import asyncio
 import secrets
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from _support import wait_until
-from sqla.models import Base, Counter, make_engine
+from sqla.models import Counter
 from sqla.test_sqla_races import SqlaWorker
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
+from test_force_release import engine  # noqa: F401 (a fixture, used by name)
 
 import distlock
 from distlock import Leader
@@ -93,16 +92,10 @@ def test_bad_input_is_refused_where_it_is_given(client: distlock.Client, lock_na
         make(client, lock_name)
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    Base.metadata.create_all(engine)
-    yield engine
-    engine.dispose()
-
-
 def test_a_frozen_leader_is_deposed_within_its_ttl_and_its_late_write_is_refused(
-    client: distlock.Client, backend_url: str, engine: Engine
+    client: distlock.Client,
+    backend_url: str,
+    engine: Engine,  # noqa: F811 (the fixture imported above)
 ) -> None:
     """The leader (another process) claims the row it guards and is frozen by SIGSTOP. A candidate here leads once
     the frozen leader's lease runs out: within TTL + 1 s of the freeze, in a larger term. It writes the row; the old
