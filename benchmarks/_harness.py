@@ -1070,6 +1070,36 @@ class LockResults:
         beside = "" if bound is None else target(ours / floor, bound)
         return [f"- Uncontended, distlock median ÷ raw floor median: {ratio(ours, floor)}{beside}"]
 
+    def peer_lines(
+        self, processes: Sequence[int], peer: str, label: str, target: tuple[float, float] | None = None
+    ) -> list[str]:
+        """distlock against the lock ``peer`` (called ``label`` in prose): the uncontended median and p99 ratios, then
+        at each process count both measured the acquisitions/s ratio beside both fairnesses; with ``target`` (a
+        rate ratio and a fairness), whether distlock met it."""
+        by_lock = self.uncontended_by_lock
+        lines = []
+        if "distlock" in by_lock and peer in by_lock:
+            ours, theirs = by_lock["distlock"], by_lock[peer]
+            lines.append(
+                f"- Uncontended, distlock ÷ {label}: median {ratio(ours.median, theirs.median)}, "
+                f"p99 {ratio(ours.p99, theirs.p99)}"
+            )
+        by_run = {(c.lock, c.processes): c for c in self.contended}
+        for n in processes:
+            ours_c, theirs_c = by_run.get(("distlock", n)), by_run.get((peer, n))
+            if ours_c is None or theirs_c is None:
+                continue
+            line = (
+                f"- {n} processes: distlock acquisitions/s {ratio(ours_c.rate, theirs_c.rate)} of {label}'s, "
+                f"fairness {ours_c.fairness:.2f} ({peer} {theirs_c.fairness:.2f})"
+            )
+            if target is not None:
+                rate, fairness = target
+                met = ours_c.rate >= rate * theirs_c.rate and ours_c.fairness >= fairness
+                line += f" (target >= {rate:g}x with fairness >= {fairness:g}: {verdict(met)})"
+            lines.append(line)
+        return lines
+
 
 def measure(server: ServerUnderTest, args: argparse.Namespace, run: Run, plan: Plan) -> LockResults:
     """The uncontended latencies of every chosen lock, then each contender at each process count; errors too.

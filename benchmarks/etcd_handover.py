@@ -51,6 +51,7 @@ from benchmarks._harness import (
     summary,
     table_row,
 )
+from distlock.testing import parse_prometheus_text
 
 NAME = "etcd-handover"
 #: Longest wait for the other process in one round, s.
@@ -95,10 +96,7 @@ def _watching(metrics_url: str) -> bool:
     """Does etcd have a watcher (the waiter's)? Read over HTTP, so the read does not touch the measured path."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(metrics_url, timeout=REQUEST_TIMEOUT) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(_WATCHERS + " "):
-                return float(line.split()[1]) >= 1
-    return False
+        return parse_prometheus_text(response.read().decode()).get(_WATCHERS, 0.0) >= 1
 
 
 def _until_watching(metrics_url: str) -> None:

@@ -36,7 +36,6 @@ from benchmarks._harness import (
     errors_lines,
     lock_benchmark,
     parse_lock_arguments,
-    ratio,
     section,
     summary,
     uncontended_table,
@@ -87,26 +86,6 @@ PLAN = Plan(
 )
 
 
-def _ratios(processes: list[int], results: LockResults) -> list[str]:
-    by_lock = results.uncontended_by_lock
-    lines = []
-    if "distlock" in by_lock and "kazoo" in by_lock:
-        ours, theirs = by_lock["distlock"], by_lock["kazoo"]
-        lines.append(
-            f"- Uncontended, distlock ÷ kazoo `Semaphore`: median {ratio(ours.median, theirs.median)}, "
-            f"p99 {ratio(ours.p99, theirs.p99)}"
-        )
-    by_run = {(c.lock, c.processes): c for c in results.contended}
-    for n in processes:
-        ours_c, theirs_c = by_run.get(("distlock", n)), by_run.get(("kazoo", n))
-        if ours_c is not None and theirs_c is not None:
-            lines.append(
-                f"- {n} processes: distlock acquisitions/s {ratio(ours_c.rate, theirs_c.rate)} of kazoo "
-                f"`Semaphore`'s, fairness {ours_c.fairness:.2f} (kazoo {theirs_c.fairness:.2f})"
-            )
-    return lines
-
-
 def render(run: Run, machine: list[str], args: argparse.Namespace, results: LockResults) -> str:
     lines = [
         *run.heading("## Semaphores: distlock, kazoo `Semaphore`", machine),
@@ -137,7 +116,7 @@ def render(run: Run, machine: list[str], args: argparse.Namespace, results: Lock
         "",
         "### Ratios",
         "",
-        *_ratios(args.processes, results),
+        *results.peer_lines(args.processes, "kazoo", "kazoo `Semaphore`"),
         *errors_lines(results.errors),
     ]
     return section(NAME, lines)

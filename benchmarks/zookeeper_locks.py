@@ -48,11 +48,9 @@ from benchmarks._harness import (
     errors_lines,
     lock_benchmark,
     parse_lock_arguments,
-    ratio,
     section,
     summary,
     uncontended_table,
-    verdict,
 )
 from distlock.testing import ZooKeeperServer
 
@@ -185,26 +183,8 @@ class ZooKeeperUnderTest(ServerUnderTest):
 
 def _targets(processes: list[int], results: LockResults) -> list[str]:
     """distlock against kazoo's ``Lock``: the uncontended ratio, and acquisitions/s with fairness under contention."""
-    by_lock = results.uncontended_by_lock
-    lines = results.floor_lines()
-    if "distlock" in by_lock and "kazoo" in by_lock:
-        ours, theirs = by_lock["distlock"], by_lock["kazoo"]
-        lines.append(
-            f"- Uncontended, distlock ÷ kazoo `Lock`: median {ratio(ours.median, theirs.median)}, "
-            f"p99 {ratio(ours.p99, theirs.p99)}"
-        )
-    by_run = {(c.lock, c.processes): c for c in results.contended}
-    for n in processes:
-        ours_c, theirs_c = by_run.get(("distlock", n)), by_run.get(("kazoo", n))
-        if ours_c is None or theirs_c is None:
-            continue
-        met = ours_c.rate >= _RATE_TARGET * theirs_c.rate and ours_c.fairness >= _FAIRNESS_TARGET
-        lines.append(
-            f"- {n} processes: distlock acquisitions/s {ratio(ours_c.rate, theirs_c.rate)} of kazoo `Lock`'s, "
-            f"fairness {ours_c.fairness:.2f} (kazoo {theirs_c.fairness:.2f}) (target >= {_RATE_TARGET:g}x with "
-            f"fairness >= {_FAIRNESS_TARGET:g}: {verdict(met)})"
-        )
-    return lines
+    target = (_RATE_TARGET, _FAIRNESS_TARGET)
+    return [*results.floor_lines(), *results.peer_lines(processes, "kazoo", "kazoo `Lock`", target)]
 
 
 def render(run: Run, machine: list[str], args: argparse.Namespace, results: LockResults) -> str:
