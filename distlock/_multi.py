@@ -177,9 +177,8 @@ def _release_all(locks: Iterable[Lock]) -> None:
 
 
 def _release_quietly(locks: list[Lock]) -> None:
-    for lock in reversed(locks):
-        with contextlib.suppress(DistlockError):
-            lock.release()
+    with contextlib.suppress(DistlockError):
+        _release_all(locks)
 
 
 class AsyncMultiLock:
@@ -264,6 +263,6 @@ class AsyncMultiLock:
 
 
 async def _release_quietly_async(locks: list[AsyncLock]) -> None:
-    for lock in reversed(locks):
-        with contextlib.suppress(DistlockError):
-            await lock.release()
+    for lock in locks:
+        lock.sync._leave_context()  # in the task's context: the thread below has a copy of it
+    await asyncio.to_thread(_release_quietly, [lock.sync for lock in locks])
