@@ -13,11 +13,17 @@ A leader that stops answering (a pause, a partition) is deposed when its lease r
 it learns so (``lost``, ``ensure_held()``, ``on_lost``) it may still believe it leads. Its writes are then refused
 by the fence once the new leader has written: the term, not the belief, decides.
 
+The election also keeps one **record**: a small value that only the leader can write (``record()``), kept across
+terms, so that a new leader reads (``recorded()``) what the last one wrote: a ledger of work done, such as the
+ticks ``distlock.celery.LeaderScheduler`` has sent. The server checks that the writer still leads in the same atomic
+step as the write, so a deposed leader's write is refused (``LockLost``) even while it still believes it leads, and
+nothing it writes can come after its successor's first read.
+
 ``observe()`` yields the leader each time it changes, for processes that follow rather than lead. It reads the
 lock's holder every ``poll`` seconds (one read each; a leader change shows within one interval), so it costs
 one read per interval per observer, whatever the backend.
 
-What can go wrong: a bad ``value`` (not a printable str of 1 to 256 characters), ``poll`` or option raises
+What can go wrong: a bad ``value`` (not a printable str of 1 to 256 characters), ``poll``, record or option raises
 ``ConfigurationError`` where it is given; otherwise as :class:`~distlock.Lock`.
 """
 
@@ -116,6 +122,17 @@ class Election:
         """Raise ``LockLost`` if deposed, ``LockNotOwned`` if not leading (see :meth:`Lock.ensure_held`)."""
         self._lock.ensure_held(verify)
 
+    def record(self, value: bytes | str) -> None:
+        """Store ``value`` (1 byte to 512 KiB; a str is stored as UTF-8) as the election's record, if this
+        candidate still leads: the server checks that in the same step. Raises ``LockNotOwned`` when not leading,
+        ``LockLost`` when deposed (the write is refused; ``lost`` turns true)."""
+        self._lock._write_record(_record_bytes(value))
+
+    def recorded(self) -> bytes | None:
+        """The election's record as the last leader wrote it (asks the server), or None when none was written."""
+        with self._client._while_open(f"read the record of election {self.name!r}"):
+            return self._client._backend.read_record(self.name)
+
     def __enter__(self) -> Self:
         if not self.campaign():
             raise LockNotAcquired(
@@ -151,6 +168,22 @@ class Election:
             wait = following.pause()
             if wait is None or stop.wait(wait):
                 return
+
+
+#: The largest record accepted: well inside every backend's request limit (etcd 1.5 MiB, ZooKeeper 1 MiB).
+MAX_RECORD_BYTES = 512 * 1024
+
+
+def _record_bytes(value: object) -> bytes:
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if not isinstance(value, bytes):
+        raise ConfigurationError(f"an election's record is bytes or str, not {type(value).__name__}")
+    if not 0 < len(value) <= MAX_RECORD_BYTES:
+        raise ConfigurationError(
+            f"an election's record is 1 byte to {MAX_RECORD_BYTES // 1024} KiB, not {len(value)} bytes"
+        )
+    return value
 
 
 class _Following:
@@ -219,6 +252,13 @@ class AsyncElection:
 
     async def ensure_held(self, verify: bool = False) -> None:
         await self._async.ensure_held(verify)
+
+    async def record(self, value: bytes | str) -> None:
+        data = _record_bytes(value)
+        await asyncio.to_thread(self._election.lock._write_record, data)
+
+    async def recorded(self) -> bytes | None:
+        return await asyncio.to_thread(self._election.recorded)
 
     async def leader(self) -> Leader | None:
         return await asyncio.to_thread(self._election.leader)

@@ -463,6 +463,24 @@ class Lock:
         if reason is not None:
             raise LockLost(f"lock {self.name!r} (token {ticket.revision}) was lost: {reason}", name=self.name)
 
+    def _write_record(self, value: bytes) -> None:
+        """Set the lock's record (``Backend.write_record``) while this handle holds it; an election's ``record()``.
+
+        Raises ``LockNotOwned`` if not held, ``LockLost`` if the hold is known lost or the server refused the
+        write because the key is gone (the hold is then marked lost, with the usual signals).
+        """
+        ticket = self._own_ticket()
+        if ticket is None:
+            raise self._not_owned("is not held by this handle: only a holder writes its record")
+        reason = self._lost_reason or self._check_deadlines()
+        if reason is None:
+            with self._client._while_open(f"write the record of lock {self.name!r}"):
+                if self._client._backend.write_record(ticket, value):
+                    return
+            reason = "its key is gone: the record was not written"
+            self._mark_lost(reason, ticket)
+        raise LockLost(f"lock {self.name!r} (token {ticket.revision}) was lost: {reason}", name=self.name)
+
     def _check_deadlines(self) -> str | None:
         """Mark the lock lost if its lease deadline or hold deadline passed (the keeper may not have run yet)."""
         session = self._session

@@ -13,7 +13,9 @@ protocol. A backend only knows how to
   a lock's holder *only if its token is still the one the operator saw* (a force release);
 - find the key a join would make, so that one made by a late copy of a retried join can be removed;
 - say which of a lease's held tickets are gone (a force release or a hand removed them while the lease lived on);
-- name the current holder of a lock (and, optionally, list every lock: :class:`Inspectable`).
+- name the current holder of a lock (and, optionally, list every lock: :class:`Inspectable`);
+- keep one small *record* per lock that only a holder can write: the write and the check that the writer's ticket
+  still holds are one atomic step on the server (an election's leader keeps its ledger there).
 
 A ticket at the head of its queue holds the lock. Its ``revision`` is the fencing token: it must strictly increase
 from one holder of a name to the next, and survive client and server restarts. Semaphores and read/write locks use
@@ -258,6 +260,19 @@ class Backend(Protocol):
         One request per lease where the service allows it, not one per ticket: the keeper asks this after every
         refresh of a lease that holds locks. May raise ``LeaseGone`` when the lease itself is gone.
         """
+
+    def write_record(self, ticket: Ticket, value: bytes) -> bool:
+        """Set lock ``ticket.name``'s record to ``value`` if ``ticket``'s key still exists, in one atomic step.
+
+        Only a holder calls it, and a ticket that once held keeps holding until its key is removed (nobody gets
+        ahead of the head), so "the key exists" is "it still holds". False, writing nothing, when the key is gone.
+        A record belongs to the lock, not to a lease: it outlives every holder, and the next holder reads what the
+        last one wrote. Idempotent: a retried write sets the same value.
+        """
+
+    def read_record(self, name: str) -> bytes | None:
+        """Lock ``name``'s record (as current as a holder's read: every write acknowledged before is seen), or
+        None when none was ever written."""
 
     def close(self) -> None:
         """Release client resources (channels, connections). Leases are revoked by the caller first."""

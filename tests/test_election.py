@@ -78,6 +78,39 @@ def test_asyncio_candidates_and_followers(client: distlock.Client, lock_name: st
     asyncio.run(main())
 
 
+def test_the_record_is_written_only_by_the_leader_and_read_by_the_next(client: distlock.Client, lock_name: str) -> None:
+    first = client.election(lock_name, value="alpha", ttl=10)
+    second = client.election(lock_name, value="beta", ttl=10)
+    assert first.recorded() is None
+    with pytest.raises(distlock.LockNotOwned):
+        first.record(b"not leading")
+    assert first.campaign()
+    first.record(b"tick 1")
+    first.record("tick 2")
+    assert second.recorded() == b"tick 2"
+    assert client.force_release(lock_name, first.term)  # deposed behind its back: it still believes it leads
+    assert second.campaign(timeout=10)
+    second.record(b"tick 3")
+    with pytest.raises(distlock.LockLost):
+        first.record(b"tick 2 again")  # the server refuses it: the key it led with is gone
+    assert first.lost
+    assert first.recorded() == b"tick 3"
+    states = [state for state in client.inspect() if state.name.startswith(lock_name)]
+    assert [(state.name, state.holder.owner) for state in states] == [(lock_name, "beta")]  # the record is not a lock
+    second.resign()
+    assert second.recorded() == b"tick 3"  # the record outlives every term
+    assert all(state.name != lock_name for state in client.inspect())
+
+
+def test_asyncio_record(client: distlock.Client, lock_name: str) -> None:
+    async def main() -> None:
+        async with client.async_election(lock_name, value="alpha", ttl=10) as alpha:
+            await alpha.record("ledger")
+            assert await alpha.recorded() == b"ledger"
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -85,6 +118,9 @@ def test_asyncio_candidates_and_followers(client: distlock.Client, lock_name: st
         (lambda c, n: c.election(n, owner="x"), "value=..., not owner=..."),
         (lambda c, n: c.election(n).observe(poll=0), "poll"),
         (lambda c, n: c.election(n).observe(timeout=-1), "timeout"),
+        (lambda c, n: c.election(n).record(b""), "1 byte to 512 KiB"),
+        (lambda c, n: c.election(n).record(b"x" * (512 * 1024 + 1)), "1 byte to 512 KiB"),
+        (lambda c, n: c.election(n).record(7), "bytes or str, not int"),
     ],
 )
 def test_bad_input_is_refused_where_it_is_given(client: distlock.Client, lock_name: str, make, message: str) -> None:  # type: ignore[no-untyped-def]

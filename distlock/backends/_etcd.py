@@ -21,6 +21,9 @@ writer ahead of it (the ``w.`` keys); a semaphore waiter has no single key to wa
 for deletions (see ``wait``). A join whose kind does not match the key ahead of it is taken out again and raises
 ``LockKindMismatch``.
 
+A lock's record (``write_record``) is the key ``<prefix>/<escaped name>``, beside its queue and outside every
+range read: a transaction puts it only while the writer's own queue key still has its create revision.
+
 What can go wrong: any member may be unreachable, frozen, cut off from its quorum, restarting, or between leaders.
 Every request goes to one preferred member; an UNAVAILABLE answer or (with several members) an attempt that takes
 longer than half a second moves the preference to another member and retries there (half a second on each member,
@@ -868,14 +871,41 @@ class EtcdBackend:
             gone.extend(ticket for ticket in held if ticket.key not in present)
         return gone
 
+    def _record_key(self, name: str) -> bytes:
+        """``<prefix>/<escaped name>``: beside the lock's queue (``<prefix>/<escaped name>/``), never inside a range."""
+        return self._lock_prefix(name)[:-1]
+
+    def write_record(self, ticket: Ticket, value: bytes) -> bool:
+        # The compare is a release's: the ticket's key still exists with its revision. A key is deleted when its
+        # lease runs out, so a holder frozen past its TTL finds its write refused even before anyone else holds.
+        request = etcdrpc.TxnRequest(
+            compare=[
+                etcdrpc.Compare(
+                    result=etcdrpc.Compare.EQUAL,
+                    target=etcdrpc.Compare.CREATE,
+                    key=ticket.key,
+                    create_revision=ticket.revision,
+                )
+            ],
+            success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=self._record_key(ticket.name), value=value))],
+        )
+        response, _ = self._unary(f"write the record of lock {ticket.name!r}", "Txn", request)
+        return bool(response.succeeded)
+
+    def read_record(self, name: str) -> bytes | None:
+        request = etcdrpc.RangeRequest(key=self._record_key(name))
+        response, _ = self._unary(f"read the record of lock {name!r}", "Range", request)
+        return bytes(response.kvs[0].value) if response.kvs else None
+
     def inspect(self) -> list[LockState]:
         """Every lock under this prefix with its holder and waiters in queue order, and their leases' time left."""
         request = etcdrpc.RangeRequest(key=self._prefix, range_end=_prefix_end(self._prefix))
         response, _ = self._unary("inspect locks", "Range", request)
         queues: dict[str, list[Any]] = {}
         for kv in response.kvs:
-            escaped = bytes(kv.key)[len(self._prefix) :].split(b"/", 1)[0].decode("utf-8")
-            queues.setdefault(unescape_name(escaped), []).append(kv)
+            escaped, slash, _ = bytes(kv.key)[len(self._prefix) :].partition(b"/")
+            if slash:  # a queue entry; ``<prefix>/<escaped name>`` alone is the lock's record
+                queues.setdefault(unescape_name(escaped.decode("utf-8")), []).append(kv)
         ttl_left: dict[int, float | None] = {}
         for kvs in queues.values():
             for kv in kvs:

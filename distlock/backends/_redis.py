@@ -9,6 +9,8 @@ Keys of lock ``N`` (``E`` is the name escaped by ``_names.escape_name``, braces 
     <prefix>:{E}:wake:<m>   list: the wake-up calls of waiter <m>, pushed when the waiter just ahead leaves
     <prefix>:lease:<hex>    a client's session lease: a plain key with a PX expiry, refreshed by the keeper; its
                             value names the host and pid of the process that holds it
+    <prefix>:{E}:record     string: the lock's record (``write_record``), set by a script only while the writer's
+                            entry is in the queue with its token (and, on one server, its lease key exists)
     <prefix>:{E}:token      the token counter of earlier versions: read once, when a queue has no "~token" yet
 
 A waiter without an owner has its nonce as its id, and its host and pid are its lease key's: it stores no record.
@@ -387,6 +389,16 @@ end
 return gone
 """
 
+# KEYS: queue, record[, lease]. ARGV: member, token, value. 1 when the entry is still in the queue with that token
+# (and its lease key exists, when given) and the record was set; else 0.
+_WRITE_RECORD = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+return 1
+"""
+
 #: Held entries checked by one script call at most: a client holding thousands of locks does not block Redis for
 #: one long script.
 _CHECK_BATCH = 500
@@ -404,8 +416,8 @@ def _sha1(text: str) -> str:
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
 
-ENQUEUE, POSITION, REMOVE, HEAD, FORCE_RELEASE, MISSING = (
-    _Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD, _FORCE_RELEASE, _MISSING)
+ENQUEUE, POSITION, REMOVE, HEAD, FORCE_RELEASE, MISSING, WRITE_RECORD = (
+    _Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD, _FORCE_RELEASE, _MISSING, _WRITE_RECORD)
 )
 
 
@@ -996,6 +1008,22 @@ class RedisBackend:
         if score is None:
             return None
         return Ticket(name=name, key=member, revision=int(float(score)), lease_id=lease_id)
+
+    def write_record(self, ticket: Ticket, value: bytes) -> bool:
+        # Redis cannot delete an entry when its lease key expires, so on one server the script also checks the
+        # lease key. Without that check (a Cluster: the lease key has another slot) a holder past its lease may
+        # still write until a waiter removes its dead entry, which is before that waiter holds: no write of the old
+        # holder can come after the new holder's read.
+        keys = self._lock_keys(ticket.name)
+        script_keys = self._own_lease((keys + "q", keys + "record"), ticket.lease_id)
+        what = f"write the record of lock {ticket.name!r}"
+        answer, _ = self._script(what, WRITE_RECORD, script_keys, ticket.key, ticket.revision, value)
+        return bool(answer == 1)
+
+    def read_record(self, name: str) -> bytes | None:
+        key = self._lock_keys(name) + "record"
+        value, _ = self._request(f"read the record of lock {name!r}", key, "GET", key)
+        return None if value is None else bytes(value)
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One script over many queues on one server; a Cluster script may only touch one slot, and each lock's

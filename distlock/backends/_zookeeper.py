@@ -27,6 +27,9 @@ ahead will do), so it sets a watch on the lock's list of children instead, and l
 ahead already changed since its read. A join that finds another kind queued on the name leaves at once with
 ``LockKindMismatch``.
 
+A lock's record (``write_record``) is the data of the lock's own node, set in one multi-op with a version check of
+the writer's node (which fails when that node is gone).
+
 Sequence numbers never repeat within a lock's node, so a path is never made twice and a release or cancel is a
 delete of that path, version-checked (``delete(path, version=0)``: the node is never written after it is made) so
 that no delete can remove anything but the node the ticket names; a force release reads the head's ``czxid`` first
@@ -539,6 +542,33 @@ class ZooKeeperBackend:
     def dequeue(self, ticket: Ticket) -> bool:
         what = f"release lock {ticket.name!r}"
         return self._on_reader(ticket, lambda client: self._delete(client, ticket.key.decode("utf-8"), what))
+
+    def write_record(self, ticket: Ticket, value: bytes) -> bool:
+        # One multi-op: the ticket's node still exists (version 0: it is never written after it is made) and the
+        # lock's own node takes the value. A session the ensemble expired has had its nodes deleted, so a holder
+        # frozen past its session timeout is refused even before anyone else holds.
+        what = f"write the record of lock {ticket.name!r}"
+
+        def request(client: KazooClient) -> bool:
+            def attempt(each: Attempt) -> bool:
+                transaction = client.transaction()
+                transaction.check(ticket.key.decode("utf-8"), 0)
+                transaction.set_data(self._lock_path(ticket.name), value)
+                results = self._wait(transaction.commit_async(), each, client)
+                return not any(isinstance(result, Exception) for result in results)
+
+            written, _ = self._call(what, attempt)
+            return written
+
+        return self._on_reader(ticket, request)
+
+    def read_record(self, name: str) -> bytes | None:
+        client = self._main_client()
+        parent = self._lock_path(name)
+        what = f"read the record of lock {name!r}"
+        self._call(what, lambda each: self._wait(client.sync_async(parent), each, client))
+        found = self._get(client, parent, what)
+        return found[0] if found is not None and found[0] else None
 
     def _head(self, name: str) -> tuple[str, bytes, Any, int] | None:
         """The holder's node of ``name``: its path, data, stat and the number of waiters behind it."""
