@@ -32,8 +32,9 @@ paused or cut off from the lock service past ``lock_ttl``) cannot stop the task:
 ``self.lock.ensure_held()`` raises ``LockLost``, the end of the run logs an error, and only fenced writes stay safe.
 """
 
+from ._beat import LeaderScheduler
 from ._config import get_client, set_client_factory
 from ._handover import RESERVATIONS
 from ._task import DuplicateTask, SingletonTask
 
-__all__ = ["RESERVATIONS", "DuplicateTask", "SingletonTask", "get_client", "set_client_factory"]
+__all__ = ["RESERVATIONS", "DuplicateTask", "LeaderScheduler", "SingletonTask", "get_client", "set_client_factory"]
