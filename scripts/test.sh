@@ -4,8 +4,11 @@
 # arguments only those tests run, in .venv, and the version matrix is left out.
 # The version matrix is two tox environments (tox.ini) that run the integration tests: py311-oldest on the oldest
 # releases pyproject.toml supports, py313-newest on the newest (Django 6 needs Python >= 3.12; a pyenv-installed
-# python3.13 is found when the `python3.13` on $PATH does not run). The whole suite runs last, so the closing pytest
-# line is its; the script fails if the matrix or the suite failed.
+# python3.13 is found when the `python3.13` on $PATH does not run). The matrix runs beside the whole suite (most of
+# either is waiting on servers and subprocesses, and one after the other they would not fit CI's time), each with
+# ports of its own ($DISTLOCK_TEST_PORT_RANGE, so a server one run restarts is never taken by the other); its output
+# is printed when the suite is done, and the suite's closing pytest line is repeated last. The script fails if the
+# matrix or the suite failed.
 source "$(dirname "$0")/bootstrap.sh"
 source "$(dirname "$0")/servers.sh"  # redis-server and PostgreSQL for the fixtures (apt-get as root)
 # One command per line: under `set -e` a failure inside an `a && b` list (other than its last command) goes unnoticed.
@@ -16,7 +19,6 @@ echo "== mypy --strict"
 .venv/bin/mypy
 matrix=0
 if [ "$#" = 0 ]; then
-  echo "== version matrix (tox)"
   tox_path=$PATH
   if ! python3.13 --version >/dev/null 2>&1; then
     for dir in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin; do
@@ -30,11 +32,28 @@ if [ "$#" = 0 ]; then
     # A fresh Debian 12 has only Python 3.11: the newest releases that run there are what .venv has (the suite below).
     echo "== no Python 3.13 here: py313-newest (Django 6) left out; .venv tests the newest releases Python 3.11 gets"
   fi
-  PATH=$tox_path .venv/bin/tox run -e "$envs" || matrix=1
+  matrix_log=$(mktemp -t distlock-matrix.XXXXXX)
+  DISTLOCK_TEST_PORT_RANGE=24000-32000 PATH=$tox_path .venv/bin/tox run -e "$envs" >"$matrix_log" 2>&1 &
+  matrix_pid=$!
+  trap 'kill "$matrix_pid" 2>/dev/null || true' EXIT  # an interrupted run leaves no tox behind
+  echo "== version matrix ($envs) started beside the suite: its output follows the suite's"
 fi
 echo "== pytest"
 suite=0
-.venv/bin/python -m pytest "$@" || suite=$?
+suite_log=$(mktemp -t distlock-suite.XXXXXX)
+set +e
+DISTLOCK_TEST_PORT_RANGE=15000-23999 .venv/bin/python -m pytest "$@" 2>&1 | tee "$suite_log"
+suite=${PIPESTATUS[0]}
+set -e
+if [ -n "${matrix_pid:-}" ]; then
+  wait "$matrix_pid" || matrix=1
+  echo "== version matrix (tox)"
+  cat "$matrix_log"
+  rm -f "$matrix_log"
+  echo "== the whole suite (above the matrix):"
+  tail -n 1 "$suite_log"
+fi
+rm -f "$suite_log"
 if [ "$matrix" != 0 ]; then
   echo "== the version matrix failed (tox output above)" >&2
   exit 1

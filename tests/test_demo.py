@@ -131,8 +131,9 @@ def test_the_demo_refuses_the_frozen_writer_and_loses_no_update() -> None:
     assert left_behind(mark) == []
 
 
-def test_without_its_fence_the_frozen_writer_loses_updates_and_the_report_says_so(etcd_url: str) -> None:
-    result, mark = run_demo("--etcd", etcd_url, "--unfenced-writer", "--clients", "3", "--duration", "3")
+def test_without_its_fence_the_frozen_writer_loses_updates_and_the_report_says_so(redis_url: str) -> None:
+    """On Redis (``--lock-url``): the demo runs on any lock service, and the lost updates are the fence's to stop."""
+    result, mark = run_demo("--lock-url", redis_url, "--unfenced-writer", "--clients", "3", "--duration", "3")
     assert result.returncode == 1, result.stdout + result.stderr
     lines = report(result.stdout)
     assert "ACCEPTED" in result.stdout
@@ -147,9 +148,9 @@ def test_without_its_fence_the_frozen_writer_loses_updates_and_the_report_says_s
     ids=["unreachable", "malformed"],
 )
 def test_a_bad_etcd_url_ends_with_a_clear_message(url: str, reason: str) -> None:
-    result, mark = run_demo("--etcd", url)
+    result, mark = run_demo("--etcd", url)  # the older name of --lock-url
     assert result.returncode == 2
-    assert "error: cannot use --etcd: " in result.stderr
+    assert "error: cannot use --lock-url: " in result.stderr
     assert reason in result.stderr
     assert "Traceback" not in result.stderr
     assert left_behind(mark) == []

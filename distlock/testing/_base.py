@@ -104,17 +104,37 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+#: ``low-high``: the ports this process's servers take (inclusive), for test runs side by side on one machine (each
+#: with a range of its own, so that no run takes a port another run's stopped server is about to take again).
+PORT_RANGE_ENV = "DISTLOCK_TEST_PORT_RANGE"
+
+
+def _port_range() -> tuple[int, int] | None:
+    """The range of :data:`PORT_RANGE_ENV` as ``range()`` bounds, or below the ephemeral range, or None."""
+    given = os.environ.get(PORT_RANGE_ENV)
+    if given is None:
+        low = _ephemeral_low()
+        return (15000, low) if low > 20000 else None
+    try:
+        first, last = (int(part) for part in given.split("-"))
+    except ValueError:
+        first = last = 0
+    if not 1024 <= first < last <= 65535:
+        raise ConfigurationError(f"${PORT_RANGE_ENV} must be LOW-HIGH, two ports from 1024 to 65535, not {given!r}")
+    return first, last + 1
+
+
 def _free_port() -> int:
     """A loopback port nobody listens on, never handed out twice by this process.
 
-    Chosen below the ephemeral range where possible: there the kernel never picks it as the source port of
-    an outgoing connection, so a client reconnecting to a stopped server cannot take the port (or connect to
-    itself) before the server restarts on it.
+    Chosen in ``$DISTLOCK_TEST_PORT_RANGE`` when set, else below the ephemeral range where possible: there the
+    kernel never picks it as the source port of an outgoing connection, so a client reconnecting to a stopped
+    server cannot take the port (or connect to itself) before the server restarts on it.
     """
-    low = _ephemeral_low()
-    if low > 20000:
+    bounds = _port_range()
+    if bounds is not None:
         for _ in range(200):
-            port = random.randrange(15000, low)
+            port = random.randrange(*bounds)
             if port not in _handed_out and _port_is_free(port):
                 _handed_out.add(port)
                 return port

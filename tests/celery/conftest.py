@@ -156,19 +156,33 @@ def celery_worker(
     celery_events: Events,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[CeleryWorker]:
-    broker, backend, etcd_url, queue = celery_urls
-    log_path = tmp_path_factory.mktemp("celery-worker") / "worker.log"
+    with run_worker(celery_urls, celery_app, celery_events, tmp_path_factory.mktemp("celery-worker")) as worker:
+        yield worker
+
+
+@pytest.fixture(scope="session")
+def start_celery_worker() -> Callable[[tuple[str, str, str, str], Celery, Events, Path], Any]:
+    """``run_worker``: a context manager that runs a worker of the test app on other URLs."""
+    return run_worker
+
+
+@contextlib.contextmanager
+def run_worker(urls: tuple[str, str, str, str], app: Celery, events: Events, log_dir: Path) -> Iterator[CeleryWorker]:
+    """A worker of the test app on ``urls`` (broker, result backend, lock service, queue), answering ``app``'s
+    ping before it is handed out, and stopped afterwards."""
+    broker, backend, lock_url, queue = urls
+    log_path = log_dir / "worker.log"
     env = child_env()
     env.update(
         {
             "DISTLOCK_CELERY_TEST_BROKER": broker,
             "DISTLOCK_CELERY_TEST_BACKEND": backend,
-            "DISTLOCK_CELERY_TEST_ETCD": etcd_url,
+            "DISTLOCK_CELERY_TEST_ETCD": lock_url,
             testapp.QUEUE_ENV: queue,
-            testapp.EVENTS_ENV: str(celery_events.path),
+            testapp.EVENTS_ENV: str(events.path),
         }
     )
-    os.environ[testapp.EVENTS_ENV] = str(celery_events.path)
+    os.environ[testapp.EVENTS_ENV] = str(events.path)
     command = [sys.executable, str(HERE / "celeryapp.py"), "worker", "--pool=prefork", "--concurrency=2"]
     command += ["--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", queue]
     command += [f"--hostname={queue}@%h"]
@@ -178,7 +192,7 @@ def celery_worker(
         )
     worker = CeleryWorker(process, log_path, queue)
     try:
-        result = celery_app.tasks["t.ping"].delay()
+        result = app.tasks["t.ping"].delay()
         try:
             assert result.get(timeout=60) == "pong"
         except Exception as e:

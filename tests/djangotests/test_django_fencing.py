@@ -67,7 +67,37 @@ def _race(worker: DjangoWorker, claim: bool) -> tuple[dict[str, object], int, in
 
 
 def test_claim_on_read_refuses_the_stalled_holder(worker: DjangoWorker) -> None:
-    a_write, token, balance = _race(worker, claim=True)
+    _refused(*_race(worker, claim=True))
+
+
+@pytest.fixture(params=["redis", "zookeeper"])
+def other_lock_service(request: pytest.FixtureRequest, django_child_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``DISTLOCK["URL"]`` on another lock service than etcd, here and in the worker's environment."""
+    from django.test import override_settings
+    from djangotests.testsettings import DISTLOCK
+
+    import distlock_django
+
+    url = str(request.getfixturevalue(f"{request.param}_url"))
+    distlock_django.reset_client()
+    try:
+        with override_settings(DISTLOCK={**DISTLOCK, "URL": url}):
+            yield {**django_child_env, "DISTLOCK_DJANGO_ETCD_URL": url}
+    finally:
+        distlock_django.reset_client()
+
+
+def test_claim_on_read_refuses_the_stalled_holder_on_every_lock_service(other_lock_service: dict[str, str]) -> None:
+    """The race above on Redis and ZooKeeper: the fence is the database's, whatever hands out the tokens."""
+    worker = DjangoWorker(other_lock_service)
+    try:
+        assert get_client().description.split()[0] in ("Redis", "ZooKeeper")
+        _refused(*_race(worker, claim=True))
+    finally:
+        worker.close()
+
+
+def _refused(a_write: dict[str, object], token: int, balance: int) -> None:
     assert a_write["error"] == "StaleFenceToken", a_write
     assert balance == 101  # B's increment stands, A's was refused: nothing lost, nothing doubled
     assert Account.objects.get().fence_token == token

@@ -85,9 +85,17 @@ def sessions(engine: Engine) -> sessionmaker[Session]:
 
 
 @pytest.fixture
-def client(etcd_url: str) -> Iterator[distlock.Client]:
-    """A client of the session's etcd (the fence does not depend on the backend; etcd is the one for correctness)."""
-    with distlock.connect(etcd_url) as client:
+def lock_url(request: pytest.FixtureRequest) -> str:
+    """The lock service of a test: the session's etcd, or the backend a test names by indirect parametrization
+    (``@pytest.mark.parametrize("lock_url", ["redis", "zookeeper"], indirect=True)``) for the races run on each."""
+    backend = getattr(request, "param", "etcd")
+    return str(request.getfixturevalue(f"{backend}_url"))  # the session's server: etcd_url, redis_url, ...
+
+
+@pytest.fixture
+def client(lock_url: str) -> Iterator[distlock.Client]:
+    """A client of the test's lock service (etcd unless the test names another)."""
+    with distlock.connect(lock_url) as client:
         yield client
 
 

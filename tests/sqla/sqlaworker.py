@@ -35,8 +35,8 @@ from distlock_sqla import claim_one, fenced_update
 
 
 class Worker:
-    def __init__(self, etcd_url: str, db_url: str) -> None:
-        self.client = distlock.connect(etcd_url)
+    def __init__(self, lock_url: str, db_url: str) -> None:
+        self.client = distlock.connect(lock_url)
         self.engine = make_engine(db_url)
         self.session = Session(self.engine, expire_on_commit=False)
         self.lock: distlock.Lock | None = None

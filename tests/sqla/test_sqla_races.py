@@ -32,11 +32,11 @@ TTL = 2  # etcd's smallest lease with the test harness's election timeout
 
 
 class SqlaWorker(Worker):
-    """``sqlaworker.py`` in its own process, on the test's database."""
+    """``sqlaworker.py`` in its own process, on the test's lock service and database."""
 
-    def __init__(self, etcd_url: str, db_url: str) -> None:
+    def __init__(self, lock_url: str, db_url: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "sqlaworker.py"), etcd_url, db_url],
+            [sys.executable, str(HERE / "sqlaworker.py"), lock_url, db_url],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -46,11 +46,11 @@ class SqlaWorker(Worker):
 
 
 @pytest.fixture
-def start_worker(etcd_url: str, db: Database) -> Iterator[Callable[..., SqlaWorker]]:
+def start_worker(lock_url: str, db: Database) -> Iterator[Callable[..., SqlaWorker]]:
     started: list[SqlaWorker] = []
 
     def start(db_url: str | None = None) -> SqlaWorker:
-        worker = SqlaWorker(etcd_url, db_url or db.url)
+        worker = SqlaWorker(lock_url, db_url or db.url)
         started.append(worker)
         return worker
 
@@ -111,6 +111,31 @@ def test_the_lost_update_race_of_a_paused_holder(
     it guards against. A flush without a claim compares the token it read, so nothing is lost either — but the
     holder refused is B, the rightful one, because A wrote first: claiming is what makes the stale holder lose.
     """
+    _paused_holder_race(client, start_worker, sessions, engine, counter, guard, newer_writes_first)
+
+
+@pytest.mark.parametrize("lock_url", ["redis", "zookeeper"], indirect=True)
+def test_the_paused_holder_loses_on_every_lock_service(
+    client: distlock.Client,
+    start_worker: Callable[..., SqlaWorker],
+    sessions: sessionmaker[Session],
+    engine: Engine,
+    counter: int,
+) -> None:
+    """The race above with claim-on-read, on the other lock services (etcd runs every variant): the fence is the
+    database's, whatever hands out the tokens."""
+    _paused_holder_race(client, start_worker, sessions, engine, counter, "claim", False)
+
+
+def _paused_holder_race(
+    client: distlock.Client,
+    start_worker: Callable[..., SqlaWorker],
+    sessions: sessionmaker[Session],
+    engine: Engine,
+    counter: int,
+    guard: str,
+    newer_writes_first: bool,
+) -> None:
     claiming = guard == "claim"
     a = start_worker()
     name = f"counter:{counter}"
