@@ -293,3 +293,14 @@ def _is_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_servers_take_ports_of_the_range_they_are_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distlock.testing._base import PORT_RANGE_ENV, _free_port
+
+    monkeypatch.setenv(PORT_RANGE_ENV, "21000-21099")
+    assert all(21000 <= _free_port() <= 21099 for _ in range(20))
+    for bad in ("21000", "9-80", "30000-20000", "a-b"):
+        monkeypatch.setenv(PORT_RANGE_ENV, bad)
+        with pytest.raises(ConfigurationError, match="DISTLOCK_TEST_PORT_RANGE must be LOW-HIGH"):
+            _free_port()
