@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, Self
@@ -50,11 +50,12 @@ def child_env() -> dict[str, str]:
 
 
 class Worker:
-    """A ``lockworker.py`` process: send commands, read answers, and SIGSTOP/SIGCONT/SIGKILL it."""
+    """A ``lockworker.py`` process: send commands, read answers, and SIGSTOP/SIGCONT/SIGKILL it. ``wrapper`` is a
+    command line the worker runs under (``["faketime", "-f", "+1h"]``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, wrapper: Sequence[str] = ()) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("lockworker.py")), url],
+            [*wrapper, sys.executable, str(Path(__file__).with_name("lockworker.py")), url],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -172,10 +173,10 @@ _NOT_LOCK_TRAFFIC = ("info", "hello", "auth", "select", "client|")
 
 
 class SQLiteFile:
-    """The SQLite lock table's stand-in for a server: its file. There is no process, so ``restart()``, ``kill()``
-    and ``start()`` change nothing (the file is all there is, and it stays); ``pause()`` takes the file's exclusive
-    lock on a connection of its own, so that every client waits as on a paused server and gives up after its busy
-    timeout, and ``resume()`` lets it go."""
+    """The SQLite lock table's stand-in for a server: its file. There is no process, so ``restart()`` changes nothing
+    (the file is all there is, and it stays); ``pause()`` (and ``kill()``) takes the file's exclusive lock on a
+    connection of its own, so that every client waits as on a paused server and gives up after its busy timeout,
+    and ``resume()`` (and ``start()``) lets it go."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -199,10 +200,10 @@ class SQLiteFile:
         pass
 
     def kill(self) -> None:
-        pass
+        self.pause()
 
     def start(self) -> None:
-        pass
+        self.resume()
 
     def __enter__(self) -> Self:
         return self
@@ -213,6 +214,8 @@ class SQLiteFile:
 
 LockServerKind = EtcdServer | RedisServer | ZooKeeperServer | PostgresServer | MariaDBServer | SQLiteFile
 
+#: The SQL lock table, in each database it runs on (backend parameters).
+SQL_TABLES = ("postgres-table", "mariadb-table", "sqlite-table")
 #: Backends whose waiters poll (no notifications): the SQL lock table on MariaDB and SQLite.
 POLLING = ("mariadb-table", "sqlite-table")
 
@@ -234,12 +237,12 @@ class LockServer:
 
     @property
     def family(self) -> str:
-        """The server kind whichever release runs: "etcd" (for "etcd" and "etcd-3.4"), "redis", "zookeeper", or the
-        SQL lock table's backend parameter."""
+        """The backend whichever release or database runs it, as metrics name it: "etcd" (for "etcd" and
+        "etcd-3.4"), "redis", "zookeeper" or "sqltable"."""
         if isinstance(self.server, ZooKeeperServer):
             return "zookeeper"
         if isinstance(self.server, PostgresServer | MariaDBServer | SQLiteFile):
-            return self.kind
+            return "sqltable"
         return "etcd" if isinstance(self.server, EtcdServer) else "redis"
 
     @property

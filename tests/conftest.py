@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support import LockServer, LockServerKind, SQLiteFile
+from _support import SQL_TABLES, LockServer, LockServerKind, SQLiteFile
 
 import distlock
 from distlock._errors import ConfigurationError
@@ -30,8 +30,6 @@ from distlock._lock import _held
 from distlock.testing import EtcdCluster, EtcdServer, etcd_version, find_etcd
 
 ETCD34 = "etcd-3.4"
-#: The SQL lock table, in each database it runs on.
-SQL_TABLES = ("postgres-table", "mariadb-table", "sqlite-table")
 BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis", "zookeeper", *SQL_TABLES)
 # The fixture that gives the URL of the session-wide server of each backend.
 _URL_FIXTURES = {

@@ -25,7 +25,7 @@ def test_waiters_acquire_in_arrival_order(client: distlock.Client, lock_name: st
 
 
 # Requests per acquisition that a hand-over may cost at most (see the comment in the test).
-REQUEST_BOUND = {"etcd": 4, "redis": 14, "zookeeper": 4, "postgres-table": 10}
+REQUEST_BOUND = {"etcd": 4, "redis": 14, "zookeeper": 4, "sqltable": 10}
 
 
 def test_a_release_wakes_only_the_next_waiter(lock_server: LockServer, lock_name: str) -> None:

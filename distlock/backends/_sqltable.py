@@ -180,7 +180,8 @@ def lock_tables(prefix: str) -> _Tables:
     waiters = sa.Table(
         f"{prefix}_waiters",
         metadata,
-        sa.Column("id", token, sa.Identity(), primary_key=True),
+        # PostgreSQL: GENERATED ALWAYS, so that not even an INSERT naming an id can reuse one.
+        sa.Column("id", token, sa.Identity(always=True), primary_key=True),
         sa.Column("name", sa.String(_NAME_LENGTH), nullable=False),
         sa.Column("lease_id", sa.BigInteger(), nullable=False),
         sa.Column("nonce", sa.String(64), nullable=False),
@@ -739,9 +740,13 @@ class SqlTableBackend:
         what = f"enqueue for lock {name!r}"
 
         def request(connection: Connection, each: Attempt) -> tuple[Ticket, Position]:
-            # Joins of one lock take their ids one at a time (see the module docstring).
-            connection.execute(self._insert_ignore(locks, name_key=key))
-            connection.execute(sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update())
+            # Joins of one lock take their ids one at a time (see the module docstring). Lock the row first, and
+            # make it only when missing: on MariaDB an INSERT IGNORE that meets the row takes a shared lock on it,
+            # and two joins each holding one and asking for the exclusive lock would deadlock.
+            lock_row = sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update()
+            if connection.execute(lock_row).first() is None:
+                connection.execute(self._insert_ignore(locks, name_key=key))
+                connection.execute(lock_row)
             alive = connection.execute(
                 sa.select(leases.c.id).where(leases.c.id == lease_id, leases.c.expires_at > server_now())
             ).first()
