@@ -111,6 +111,12 @@ log = logging.getLogger("distlock")
 
 _R = TypeVar("_R")
 
+#: The distlock extra that installs each default driver.
+_DRIVER_EXTRAS = {
+    "postgresql+psycopg": "sqltable-postgresql",
+    "mysql+pymysql": "sqltable-mysql",
+    "mariadb+pymysql": "sqltable-mysql",
+}
 #: How often a waiter without notifications (MariaDB, SQLite) reads its place again, in seconds.
 POLL_INTERVAL = 0.05
 #: Wake this long after a lease ahead would expire, so that the server sees it expired when we read.
@@ -482,10 +488,11 @@ class SqlTableBackend:
                 f"{self.description}: SQLAlchemy has no dialect or driver {url.drivername!r}"
             ) from e
         except ImportError as e:
-            raise ConfigurationError(
-                f"{self.description}: the database driver is not installed ({e}); install the extra "
-                "'distlock-fenced[sqltable-postgresql]' (psycopg) or 'distlock-fenced[sqltable-mysql]' (PyMySQL)"
-            ) from e
+            extra = _DRIVER_EXTRAS.get(url.drivername)
+            hint = (
+                f"pip install 'distlock-fenced[{extra}]'" if extra else f"install the driver {url.drivername!r} names"
+            )
+            raise ConfigurationError(f"{self.description}: the database driver is not installed ({e}); {hint}") from e
         except (sa_exc.ArgumentError, TypeError) as e:
             raise ConfigurationError(f"{self.description}: {e}") from e
         if self._mysql:
