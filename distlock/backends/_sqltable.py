@@ -61,11 +61,13 @@ does not depend on the clock). SQLite serves the processes of one machine only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import heapq
 import itertools
 import logging
 import math
+import os
 import secrets
 import select
 import socket
@@ -95,7 +97,6 @@ try:
     from sqlalchemy.dialects import sqlite as sa_sqlite
     from sqlalchemy.engine import URL, Connection, Engine
     from sqlalchemy.ext.compiler import compiles
-    from sqlalchemy.pool import NullPool
     from sqlalchemy.schema import CreateIndex, CreateTable
     from sqlalchemy.sql.compiler import SQLCompiler
     from sqlalchemy.sql.functions import FunctionElement
@@ -301,26 +302,32 @@ def _retryable(error: Exception) -> bool:
 
 
 class _Watchdog:
-    """Shuts down the socket of a request that is still running at its deadline.
+    """Shuts down the socket of a request (or a new connection's set-up) still running at its deadline.
 
     A paused (SIGSTOPped) database server keeps its connections open and answers nothing; libpq has no read timeout,
     so without this a request would wait for it forever. Shutting the socket down makes the blocked call fail at
-    once; SQLAlchemy then drops the connection. A socket is registered only while its request runs and its
-    connection is checked out, so the shutdown can never reach a socket that was closed and reused meanwhile.
+    once; SQLAlchemy then drops the connection. The watchdog holds a duplicate of the socket's descriptor, not the
+    number the driver uses: if the driver closes its socket before it is unwatched (a connection whose set-up
+    failed), the shutdown still reaches that socket and never one that reused the number.
     """
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._deadlines: list[tuple[float, int]] = []
-        self._sockets: dict[int, int] = {}
+        self._sockets: dict[int, socket.socket] = {}
         self._numbers = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
     def watch(self, fd: int, deadline: float) -> Callable[[], None]:
+        """Shut the socket ``fd`` down at ``deadline`` unless the function returned is called first."""
+        try:
+            watched = socket.socket(fileno=os.dup(fd))
+        except OSError:  # already closed: nothing to watch
+            return lambda: None
         with self._condition:
             number = next(self._numbers)
-            self._sockets[number] = fd
+            self._sockets[number] = watched
             heapq.heappush(self._deadlines, (deadline, number))
             if self._thread is None or not self._thread.is_alive():
                 self._stopped = False
@@ -330,7 +337,9 @@ class _Watchdog:
 
         def unwatch() -> None:
             with self._condition:
-                self._sockets.pop(number, None)
+                found = self._sockets.pop(number, None)
+            if found is not None:
+                found.close()
 
         return unwatch
 
@@ -356,21 +365,17 @@ class _Watchdog:
                     self._condition.wait(left)
                     continue
                 heapq.heappop(self._deadlines)
-                fd = self._sockets.pop(number)
+                late = self._sockets.pop(number)
                 with contextlib.suppress(OSError):
-                    sock = socket.socket(fileno=fd)
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    finally:
-                        sock.detach()  # the fd stays the driver's
+                    late.shutdown(socket.SHUT_RDWR)
+                late.close()
 
 
-def _socket_fd(connection: Connection) -> int | None:
-    """The file descriptor of a checked-out connection's socket (psycopg, PyMySQL), or None (SQLite)."""
-    driver = connection.connection.driver_connection
+def _driver_socket(driver: Any) -> int | None:
+    """The file descriptor of a driver connection's socket (psycopg, PyMySQL), or None (SQLite, closed)."""
     pgconn = getattr(driver, "pgconn", None)
     if pgconn is not None:
-        return int(pgconn.socket)
+        return int(pgconn.socket) if not driver.closed else None
     sock = getattr(driver, "_sock", None)
     return int(sock.fileno()) if sock is not None else None
 
@@ -459,28 +464,26 @@ class SqlTableBackend:
         self._listeners: list[Any] = []
         self._local_wake: dict[str, set[threading.Event]] = {}
         self._errors = ErrorTable(description=self.description, retryable=_retryable, translate=self._translate)
+        self._connect_args: dict[str, Any] = {}
         self._engine = self._create_engine(url)
-        self._listen_engine = (
-            self._create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT") if self._notifies else None
-        )
 
-    def _create_engine(self, url: URL, **options: Any) -> Engine:
-        connect_args: dict[str, Any] = {}
+    def _create_engine(self, url: URL) -> Engine:
+        connect_args = self._connect_args
+        # A new connection is opened inside a request: it may take no longer than the request may.
+        opening = min(self.connect_timeout, self.request_timeout)
         if self._dialect == "postgresql":
-            connect_args["connect_timeout"] = max(2, math.ceil(self.connect_timeout))  # libpq: whole seconds, >= 2
+            connect_args["connect_timeout"] = max(2, math.ceil(opening))  # libpq: whole seconds, at least 2
         elif self._mysql:
-            connect_args["connect_timeout"] = max(1, math.ceil(self.connect_timeout))
-            # PyMySQL reads the server's greeting after connecting with no timeout of its own: a paused server
-            # would hold a new connection forever. Requests on open connections have the watchdog as well.
-            connect_args["read_timeout"] = connect_args["write_timeout"] = max(
-                self.request_timeout, self.connect_timeout
-            )
+            # PyMySQL's connect_timeout covers the TCP connect only; it reads the server's greeting with its read
+            # timeout, which a paused server would otherwise hold forever. (Requests on open connections have the
+            # watchdog besides.)
+            connect_args["connect_timeout"] = max(1, math.ceil(opening))
+            connect_args["read_timeout"] = connect_args["write_timeout"] = opening
         elif self._dialect == "sqlite":
             connect_args["timeout"] = self.request_timeout  # how long to wait for another writer (busy timeout)
+        options: dict[str, Any] = {"pool_timeout": self.request_timeout}
         if self._dialect != "sqlite":
-            options.setdefault("isolation_level", "READ COMMITTED")
-        if options.get("poolclass") is not NullPool:
-            options.setdefault("pool_timeout", self.request_timeout)
+            options["isolation_level"] = "READ COMMITTED"
         try:
             engine = sa.create_engine(url, connect_args=connect_args, **options)
         except sa_exc.NoSuchModuleError as e:
@@ -495,12 +498,21 @@ class SqlTableBackend:
             raise ConfigurationError(f"{self.description}: the database driver is not installed ({e}); {hint}") from e
         except (sa_exc.ArgumentError, TypeError) as e:
             raise ConfigurationError(f"{self.description}: {e}") from e
+        # SQLAlchemy's first connection runs the dialect's own queries (server version, types) before any request
+        # of ours: watch it too, from before those queries (insert=True) to the connect event that follows them.
+        sa.event.listen(engine, "first_connect", functools.partial(self._watch_setup, opening), insert=True)
+        sa.event.listen(engine, "connect", _setup_done)
         if self._mysql:
             sa.event.listen(engine, "connect", _utc_session)
         elif self._dialect == "sqlite":
             sa.event.listen(engine, "connect", _sqlite_no_implicit_transactions)
             sa.event.listen(engine, "begin", _sqlite_begin_immediate)
         return engine
+
+    def _watch_setup(self, seconds: float, dbapi_connection: Any, record: Any) -> None:
+        fd = _driver_socket(dbapi_connection)
+        if fd is not None:
+            record.info["distlock_unwatch"] = self._watchdog.watch(fd, _clock.now() + seconds)
 
     # -- request plumbing -------------------------------------------------------------------------------------
 
@@ -536,7 +548,7 @@ class SqlTableBackend:
                 busy = max(int((each.deadline - _clock.now()) * 1000), 1)
                 driver: Any = connection.connection.driver_connection
                 driver.execute(f"PRAGMA busy_timeout = {busy}")
-            fd = _socket_fd(connection)
+            fd = _driver_socket(connection.connection.driver_connection)
             unwatch = self._watchdog.watch(fd, each.deadline) if fd is not None else None
             try:
                 with connection.begin():
@@ -871,7 +883,7 @@ class SqlTableBackend:
                 self._on_listener(listener, ["UNLISTEN *"])
                 healthy = True
                 return seen
-            pgconn = listener.driver_connection.pgconn
+            pgconn = listener.pgconn
             left = max(until - _clock.now(), 0.0)
             if not interrupt.fired:
                 ready, _, _ = select.select([pgconn.socket, wake_reader], [], [], None if left == math.inf else left)
@@ -895,11 +907,10 @@ class SqlTableBackend:
 
     def _on_listener(self, listener: Any, statements: Sequence[str]) -> None:
         """Run ``statements`` on a LISTEN connection (autocommit), its socket watched like any request's."""
-        driver = listener.driver_connection
-        unwatch = self._watchdog.watch(int(driver.pgconn.socket), _clock.now() + self.request_timeout)
+        unwatch = self._watchdog.watch(int(listener.pgconn.socket), _clock.now() + self.request_timeout)
         try:
             for statement in statements:
-                driver.execute(statement)
+                listener.execute(statement)
         finally:
             unwatch()
 
@@ -909,11 +920,13 @@ class SqlTableBackend:
                 raise ClientClosed(f"the distlock client for {self.description} is closed")
             if self._listeners:
                 return self._listeners.pop()
-        assert self._listen_engine is not None
+        # The driver's own connection, in autocommit: LISTEN takes effect at once, and no pool or dialect set-up
+        # runs queries on it (libpq's connect_timeout bounds the opening).
+        dialect = self._engine.dialect
+        arguments, options = dialect.create_connect_args(self._url)
         try:
-            # Keep SQLAlchemy's proxy, not only the driver's connection inside it: dropping the proxy closes it.
-            return self._listen_engine.raw_connection()
-        except Exception as e:  # the driver's own error: a raw connection is not wrapped by SQLAlchemy
+            return dialect.loaded_dbapi.connect(*arguments, **{**options, **self._connect_args, "autocommit": True})
+        except Exception as e:  # the driver's own error: nothing of SQLAlchemy's wraps it here
             raise BackendUnavailable(f"could not open a LISTEN connection to {self.description}: {e}") from e
 
     def _return_listener(self, listener: Any, healthy: bool) -> None:
@@ -1042,8 +1055,6 @@ class SqlTableBackend:
             with contextlib.suppress(Exception):
                 listener.close()
         self._engine.dispose()
-        if self._listen_engine is not None:
-            self._listen_engine.dispose()
         self._watchdog.stop()
 
     def after_fork(self) -> None:
@@ -1053,8 +1064,6 @@ class SqlTableBackend:
         self._local_wake = {}
         self._watchdog = _Watchdog()
         self._engine.dispose(close=False)
-        if self._listen_engine is not None:
-            self._listen_engine.dispose(close=False)
 
 
 def _seconds(value: object) -> float | None:
@@ -1064,6 +1073,12 @@ def _seconds(value: object) -> float | None:
 def _poke(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.send(b"!")
+
+
+def _setup_done(dbapi_connection: Any, record: Any) -> None:
+    unwatch = record.info.pop("distlock_unwatch", None)
+    if unwatch is not None:
+        unwatch()
 
 
 def _utc_session(dbapi_connection: Any, record: Any) -> None:
