@@ -10,8 +10,9 @@ The lock contract is backend-neutral: ``backend`` is parametrised over "etcd" (t
 zookeeper package, a standalone server), and the SQL lock table in "postgres-table", "mariadb-table" (Debian's
 mariadb-server) and "sqlite-table" (a file), and ``backend_url``,
 ``client`` and ``lock_server`` (a private server of that kind, Redis with its append-only file on) follow it, so
-every test that takes them runs once per backend. A missing etcd 3.4 fails those tests (scripts/servers.sh
-installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
+every test that takes them runs once per backend (the SQL lock table on MariaDB and SQLite: only the files of
+``SQL_CONTRACT_FILES``, unless ``DISTLOCK_TEST_SQL_TABLES=all``). A missing etcd 3.4 fails those tests
+(scripts/servers.sh installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
 """
 
 from __future__ import annotations
@@ -47,8 +48,38 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "etcd34: runs on Debian's etcd 3.4 (the etcd-3.4 backend parameter)")
 
 
+#: The contract files that run on the SQL lock table in every database; the other backend-neutral tests run on it in
+#: PostgreSQL only, unless ``DISTLOCK_TEST_SQL_TABLES=all``. The backend is one module for the three databases: what
+#: differs per database (its SQL, its clock, notifications or polling, its errors) these files exercise, and running
+#: the rest three times would add about three minutes to a suite that must stay under 25 (tests/test_sqltable.py).
+SQL_CONTRACT_FILES = frozenset(
+    {"test_lock_basics.py", "test_lock_faults.py", "test_lock_queue.py", "test_lock_revoked.py"}
+    | {"test_semaphore.py", "test_rwlock.py"}
+)
+_SQL_EVERYWHERE = os.environ.get("DISTLOCK_TEST_SQL_TABLES") == "all"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _SQL_EVERYWHERE:
+        return
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        param = callspec.params.get("backend") if callspec is not None else None
+        lean = param in SQL_TABLES and param != "postgres-table" and item.path.name not in SQL_CONTRACT_FILES
+        (dropped if lean else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
+    if not _SQL_EVERYWHERE:
+        lines.append(
+            "SQL lock table: MariaDB and SQLite run the core contract files only (DISTLOCK_TEST_SQL_TABLES=all: all)"
+        )
     for label, version in (("etcd", None), ("etcd-3.4", "3.4")):
         try:
             binary = find_etcd(version=version)

@@ -28,7 +28,7 @@ written)::
   the smaller token, appears ahead of it a moment later. So a join first locks its lock's row in
   ``distlock_locks`` (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` locks the whole database): the joins
   of one lock take their ids one after another, each after the previous one committed. Joins of different locks
-  do not wait for each other. Tokens are compared only within one lock.
+  do not wait for each other (their ids are unique and comparable, but may commit out of order).
 
 Holder: the entries of a name whose lease is alive, in id order, hold by the grant rule of ``_shape`` (a mutex: the
 first one). An entry whose lease expired (or whose lease row is gone) is dead; whoever reads a queue to learn its
@@ -50,12 +50,14 @@ without reading again (that entry may be dead then), and an :class:`~distlock._p
 What can go wrong: the database can be down, restarting, paused or refuse us. A connection that cannot be opened or
 breaks, a deadlock, a serialisation failure, a lock wait timeout or a busy SQLite file are retried within the
 request timeout (every request is safe to send again: a join sent again first looks for its own nonce, removals
-are by id and name, refreshes and reads change nothing twice), then raise ``BackendUnavailable`` with the driver's
-exception as ``__cause__``; bad credentials or missing privileges raise ``AuthenticationFailed``, a database that
-does not exist ``ConfigurationError``. A statement that does not answer by its attempt's deadline (a paused server
-keeps the connection open and says nothing) has its socket shut down by a watchdog thread, so no request outlives
-its deadline. A server clock that steps makes every lease that much longer or shorter (the token still holds: it
-does not depend on the clock). SQLite serves the processes of one machine only.
+are by id and name, refreshes and reads change nothing twice), then raise ``BackendUnavailable`` with SQLAlchemy's
+exception as ``__cause__`` (its ``orig`` is the driver's); bad credentials or missing privileges raise
+``AuthenticationFailed``; a database that does not exist (a SQLite file that cannot be made) is a
+``ConfigurationError`` from ``check()``, where the URL is given, and a ``BackendError`` later. A statement that
+does not answer by its attempt's deadline (a paused server keeps the connection open and says nothing) has its
+socket shut down by a watchdog thread, so no request outlives its deadline. A server clock that steps makes every
+lease that much longer or shorter (the token still holds: it does not depend on the clock). SQLite serves the
+processes of one machine only; its readers share the file, its writers take turns (``BEGIN IMMEDIATE``).
 """
 
 from __future__ import annotations
@@ -506,7 +508,7 @@ class SqlTableBackend:
             sa.event.listen(engine, "connect", _utc_session)
         elif self._dialect == "sqlite":
             sa.event.listen(engine, "connect", _sqlite_no_implicit_transactions)
-            sa.event.listen(engine, "begin", _sqlite_begin_immediate)
+            sa.event.listen(engine, "begin", _sqlite_begin)
         return engine
 
     def _watch_setup(self, seconds: float, dbapi_connection: Any, record: Any) -> None:
@@ -537,8 +539,9 @@ class SqlTableBackend:
         return BackendError(f"{what} failed on {self.description}: {detail}")
 
     @contextlib.contextmanager
-    def _transaction(self, each: Attempt) -> Iterator[Connection]:
-        """One transaction on a pooled connection, its socket watched until the attempt's deadline."""
+    def _transaction(self, each: Attempt, writes: bool = True) -> Iterator[Connection]:
+        """One transaction on a pooled connection, its socket watched until the attempt's deadline. ``writes=False``
+        (a read that writes only when it finds a dead entry) lets SQLite's readers share the file."""
         with self._mutex:
             if self._closed:
                 raise ClientClosed(f"the distlock client for {self.description} is closed")
@@ -548,6 +551,7 @@ class SqlTableBackend:
                 busy = max(int((each.deadline - _clock.now()) * 1000), 1)
                 driver: Any = connection.connection.driver_connection
                 driver.execute(f"PRAGMA busy_timeout = {busy}")
+                connection.info["distlock_writes"] = writes
             fd = _driver_socket(connection.connection.driver_connection)
             unwatch = self._watchdog.watch(fd, each.deadline) if fd is not None else None
             try:
@@ -558,14 +562,19 @@ class SqlTableBackend:
                     unwatch()
 
     def _run(
-        self, what: str, request: Callable[[Connection, Attempt], _R], budget: float | None = None
+        self,
+        what: str,
+        request: Callable[[Connection, Attempt], _R],
+        budget: float | None = None,
+        *,
+        writes: bool = True,
     ) -> tuple[_R, int]:
         """Run ``request`` in a transaction until it answers or the deadline passes; the answer and attempts made."""
         self._ensure_tables()
         deadline = _clock.now() + (self.request_timeout if budget is None else budget)
 
         def attempt(each: Attempt) -> _R:
-            with self._transaction(each) as connection:
+            with self._transaction(each, writes) as connection:
                 return request(connection, each)
 
         return retrying(what, attempt, deadline, self._errors)
@@ -808,7 +817,9 @@ class SqlTableBackend:
 
     def position(self, ticket: Ticket) -> Position:
         position, _ = self._run(
-            f"read queue of lock {ticket.name!r}", lambda connection, each: self._read_place(connection, ticket)
+            f"read queue of lock {ticket.name!r}",
+            lambda connection, each: self._read_place(connection, ticket),
+            writes=False,
         )
         return position
 
@@ -832,6 +843,7 @@ class SqlTableBackend:
                 f"read queue of lock {ticket.name!r}",
                 lambda connection, each: self._read_place(connection, ticket),
                 budget,
+                writes=False,
             )
         except BackendError:
             return None
@@ -954,7 +966,7 @@ class SqlTableBackend:
 
     def holder(self, name: str) -> Holder | None:
         entries, _ = self._run(
-            f"read holder of lock {name!r}", lambda connection, each: self._live_entries(connection, name)
+            f"read holder of lock {name!r}", lambda connection, each: self._live_entries(connection, name), writes=False
         )
         if not entries:
             return None
@@ -991,6 +1003,7 @@ class SqlTableBackend:
             lambda connection, each: connection.execute(
                 sa.select(w.c.id).where(w.c.name == name, w.c.nonce == nonce, w.c.lease_id == lease_id)
             ).scalar(),
+            writes=False,
         )
         if found is None:
             return None
@@ -1018,7 +1031,7 @@ class SqlTableBackend:
                 gone.extend(ticket for ticket in held if ticket.revision not in present)
             return gone
 
-        missing, _ = self._run("check held locks", request)
+        missing, _ = self._run("check held locks", request, writes=False)
         return missing
 
     def inspect(self) -> list[LockState]:
@@ -1032,7 +1045,7 @@ class SqlTableBackend:
             .where(leases.c.expires_at > server_now())
             .order_by(w.c.name, w.c.id)
         )
-        rows, _ = self._run("inspect locks", lambda connection, each: connection.execute(query).all())
+        rows, _ = self._run("inspect locks", lambda connection, each: connection.execute(query).all(), writes=False)
         by_name: dict[str, tuple[list[Waiter], list[str]]] = {}
         for row in rows:
             waiters, kinds = by_name.setdefault(str(row.name), ([], []))
@@ -1091,7 +1104,11 @@ def _sqlite_no_implicit_transactions(dbapi_connection: Any, record: Any) -> None
     dbapi_connection.isolation_level = None
 
 
-def _sqlite_begin_immediate(connection: Connection) -> None:
-    # Take the write lock at BEGIN: a read that later writes (a sweep) never fails on a lock upgrade, and the joins
-    # of one lock take their ids one at a time.
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+def _sqlite_begin(connection: Connection) -> None:
+    # A request that writes takes the write lock at BEGIN (IMMEDIATE): the joins of one lock take their ids one at a
+    # time, and it never fails on a lock upgrade. Reads begin DEFERRED and share the file; the rare read that finds a
+    # dead entry to remove upgrades, and when another writer is in the way that fails at once (SQLITE_BUSY) and the
+    # request is retried. Polling waiters read: taking the write lock for each poll would queue every process behind
+    # SQLite's busy handler, which sleeps and retries in no particular order (unfair, and slow).
+    writes = connection.connection.info.get("distlock_writes", True)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
