@@ -74,7 +74,7 @@ import secrets
 import select
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -560,6 +560,8 @@ class SqlTableBackend:
             finally:
                 if unwatch is not None:
                     unwatch()
+                removed = connection.info.pop("distlock_removed", ())
+            self._wake_local(removed)  # committed: the removals are visible now
 
     def _run(
         self,
@@ -615,17 +617,22 @@ class SqlTableBackend:
         return f"{self._prefix}_l{_name_key(name)[:32]}"
 
     def _removed(self, connection: Connection, name: str, ids: Sequence[int]) -> None:
-        """Tell the waiters behind removed entries: NOTIFY (at commit) on PostgreSQL; this process's pollers."""
+        """Tell the waiters behind removed entries once the transaction commits: NOTIFY on PostgreSQL (delivered at
+        commit), and the waiters of this process that poll (woken by ``_transaction`` after the commit)."""
         if not ids:
             return
         if self._notifies:
             channels = [self._lock_channel(name), *(self._entry_channel(entry_id) for entry_id in ids)]
             notify = sa.select(*(sa.func.pg_notify(channel, "") for channel in channels))
             connection.execute(notify)
-        with self._mutex:
-            events = list(self._local_wake.get(name, ()))
-        for event in events:
-            event.set()
+        connection.info.setdefault("distlock_removed", set()).add(name)
+
+    def _wake_local(self, names: Iterable[str]) -> None:
+        for name in names:
+            with self._mutex:
+                events = list(self._local_wake.get(name, ()))
+            for event in events:
+                event.set()
 
     # -- queue reads ------------------------------------------------------------------------------------------
 
