@@ -3,6 +3,7 @@
     distlock --url etcd://127.0.0.1:2379 list [--prefix P]
     distlock --url etcd://127.0.0.1:2379 show NAME
     distlock --url etcd://127.0.0.1:2379 force-release NAME --token N
+    distlock --url sql+postgresql://user@host/db sql-tables [--print-only]
 
 The URL may also come from ``DISTLOCK_URL``; ``--json`` prints one JSON document instead of text, for scripts. It
 needs no framework: it talks to the lock service with :func:`distlock.connect`, like an application would, and
@@ -10,6 +11,10 @@ works while the application is down.
 
 ``force-release`` removes the holder only if its fencing token is still ``N`` (the token ``list`` or ``show``
 printed), so a lock that changed hands since is never taken from its new holder.
+
+``sql-tables`` (SQL lock table URLs only, ``sql+...://``) creates the lock table's tables and indexes that are
+missing and prints their DDL; with ``--print-only`` it connects to nothing and only prints the DDL, for a DBA to
+run (the tables are otherwise created on first use, which needs the privilege to create tables).
 
 Exit status: 0 done; 1 ``force-release`` changed nothing (nobody holds the lock, or its holder's token is not ``N``
 any more); 2 a bad command line or input (a malformed or missing URL, a bad lock name or token); 3 the lock service
@@ -75,7 +80,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     release.add_argument("name", help="the lock's name")
     release.add_argument("--token", required=True, type=int, help="the holder's fencing token, as list/show print it")
+    tables = commands.add_parser(
+        "sql-tables", parents=[after], help="create the SQL lock table's tables (sql+... URLs) and print their DDL"
+    )
+    tables.add_argument("--print-only", action="store_true", help="only print the DDL; connect to nothing")
     return parser
+
+
+def _sql_tables(url: str, args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from .backends import scheme_of
+
+    scheme = scheme_of(url.partition("://")[0])
+    if scheme is None or scheme.backend != "sqltable":
+        print(
+            f"{PROG}: sql-tables needs a SQL lock table URL (sql+postgresql://, sql+mysql://, sql+sqlite:///)",
+            file=sys.stderr,
+        )
+        return BAD_INPUT
+    if not args.print_only:
+        with connect(url, **options):  # connecting creates what is missing
+            pass
+    from ._client import sql_url
+    from .backends._sqltable import table_ddl
+
+    parsed, prefix = sql_url(url)
+    print("\n\n".join(f"{statement};" for statement in table_ddl(parsed, prefix)))
+    return 0
 
 
 def _state_json(state: LockState) -> dict[str, Any]:
@@ -129,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         return BAD_INPUT
     options = {} if args.connect_timeout is None else {"connect_timeout": args.connect_timeout}
     try:
+        if args.command == "sql-tables":
+            return _sql_tables(url, args, options)
         with connect(url, **options) as client:
             return _run(client, args)
     except ConfigurationError as e:

@@ -9,11 +9,16 @@ URLs::
     rediss://host:port?ca=/ca.pem[&cert=/c.pem&key=/k.pem]     Redis over TLS
     redis+cluster://host:port[,host:port...]                   Redis Cluster (rediss+cluster:// with TLS)
     zk://host:port[,host:port...][/chroot][?prefix=distlock]    a ZooKeeper ensemble (port 2181 by default)
+    sql+postgresql://user:password@host:port/database[?prefix=distlock]   a lock table in PostgreSQL (psycopg 3)
+    sql+mysql://user:password@host:port/database               ... in MariaDB or MySQL (PyMySQL; also sql+mariadb://)
+    sql+sqlite:///path/to/file.db                              ... in a SQLite file (this machine's processes only)
 
 Keyword options of :func:`connect` override the URL: ``prefix``, ``username``, ``password``, ``ca_cert``,
 ``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect`` may take to reach the service, default
 5 s), ``request_timeout`` (how long one operation may retry before ``BackendUnavailable``, default 5 s), and
-``check=False`` to skip the connection check (then errors show on first use).
+``check=False`` to skip the connection check (then errors show on first use). After ``sql+`` comes a SQLAlchemy
+URL: a driver may be named (``sql+postgresql+psycopg2://``), and query options other than ``prefix`` go to the
+driver; the lock table's tables are ``<prefix>_leases``, ``<prefix>_waiters`` and ``<prefix>_locks``.
 
 What can go wrong: a malformed URL, an unknown scheme or option, or a missing extra raise ``ConfigurationError``
 before any network traffic; an unreachable service raises ``BackendUnavailable`` within ``connect_timeout``; bad
@@ -30,6 +35,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
@@ -45,7 +51,7 @@ from ._rwlock import AsyncRWLock, RWLock
 from ._seconds import seconds
 from ._session import Keeper
 from ._shape import semaphore_kind
-from .backends import SCHEMES, Scheme
+from .backends import SCHEMES, Scheme, scheme_of
 
 __all__ = ["Client", "connect"]
 
@@ -222,7 +228,7 @@ def connect(url: str, **options: Any) -> Client:
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"a distlock URL is a non-empty string like 'etcd://127.0.0.1:2379', not {url!r}")
     parts = urlsplit(url)
-    scheme = SCHEMES.get(parts.scheme.lower())
+    scheme = scheme_of(parts.scheme)
     if scheme is None:
         raise ConfigurationError(
             f"unsupported distlock URL scheme {parts.scheme!r} in {_redact(url)!r}; use one of: "
@@ -418,10 +424,56 @@ def _zookeeper_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, 
     )
 
 
+def sql_url(url: str, prefix_option: object = None) -> tuple[Any, str]:
+    """The SQLAlchemy URL after ``sql+`` in a distlock URL (``postgresql`` made ``postgresql+psycopg``, ``mysql``
+    and ``mariadb`` made ``...+pymysql`` when no driver is named) and the table prefix (``?prefix=``, or
+    ``prefix_option`` when given); ``ConfigurationError`` for a URL SQLAlchemy cannot parse or a prefix that is not
+    a plain SQL name."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url.partition("+")[2])
+    except (ArgumentError, ValueError) as e:
+        raise ConfigurationError(f"distlock URL {_redact(url)!r} is not a SQLAlchemy URL after 'sql+': {e}") from e
+    backend, _, driver = parsed.drivername.partition("+")
+    default = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql"}.get(backend)
+    if default is not None and not driver:
+        parsed = parsed.set(drivername=f"{backend}+{default}")
+    query = dict(parsed.query)
+    given = query.pop("prefix", _DEFAULT_PREFIX)
+    prefix = str(prefix_option if prefix_option is not None else given)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,40}", prefix):
+        raise ConfigurationError(
+            f"table prefix {prefix!r} must be a plain SQL name: a letter or _, then up to 40 letters, digits or _"
+        )
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise ConfigurationError(
+            f"distlock URL {_redact(url)!r} names no SQLite file (an in-memory database is one process's only); "
+            "e.g. sql+sqlite:///var/lib/app/locks.db"
+        )
+    return parsed.set(query=query), prefix
+
+
+def _sqltable_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
+    from .backends._sqltable import SqlTableBackend  # imports SQLAlchemy: only when a SQL URL is used
+
+    _check_options(options, {"prefix", "connect_timeout", "request_timeout"})
+    parsed, prefix = sql_url(url, options.get("prefix"))
+    timeouts = _timeouts(options)
+    return SqlTableBackend(
+        parsed,
+        prefix=prefix,
+        connect_timeout=timeouts["connect_timeout"],
+        request_timeout=timeouts["request_timeout"],
+    )
+
+
 _BUILDERS: dict[str, Callable[[str, Any, Scheme, dict[str, Any]], Backend]] = {
     "etcd": _etcd_backend,
     "redis": _redis_backend,
     "zookeeper": _zookeeper_backend,
+    "sqltable": _sqltable_backend,
 }
 
 

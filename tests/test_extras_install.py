@@ -21,6 +21,9 @@ SMOKES = {
     "etcd,otel": ("smoke_otel.py", "etcd_url"),
     "redis": ("smoke_redis.py", "redis_url"),
     "zookeeper": ("smoke_zookeeper.py", "zookeeper_url"),
+    "sqltable": ("smoke_sqltable.py", "sqlite_table_url"),
+    "sqltable-postgresql": ("smoke_sqltable.py", "postgres_table_url"),
+    "sqltable-mysql": ("smoke_sqltable.py", "mariadb_table_url"),
 }
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import REPO, LockServer, child_env, wait_until
+from _support import REPO, SQL_TABLES, LockServer, child_env, wait_until
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -135,7 +135,7 @@ def test_a_contended_run_records_every_wait_with_its_outcome(
         thread.join(30)
     assert got == [True] * patient
 
-    label = "etcd" if backend.startswith("etcd") else backend
+    label = "etcd" if backend.startswith("etcd") else "sqltable" if backend in SQL_TABLES else backend
     acquisitions, gave_up = 1 + patient, impatient + 1
     assert outcomes(reader, family) == {"acquired": acquisitions, "timeout": gave_up, "cancelled": 1}
     assert count(reader, WAIT, distlock__lock__family=family) == acquisitions + gave_up + 1

@@ -27,6 +27,9 @@ except distlock.ConfigurationError as e:
         ("grpc", "etcd://127.0.0.1:1", "pip install 'distlock-fenced[etcd]'"),
         ("redis", "redis://127.0.0.1:1", "'distlock-fenced[redis]'"),
         ("kazoo", "zk://127.0.0.1:1", "'distlock-fenced[zookeeper]'"),
+        ("sqlalchemy", "sql+sqlite:////nonexistent/locks.db", "'distlock-fenced[sqltable]'"),
+        ("psycopg", "sql+postgresql://127.0.0.1:1/db", "'distlock-fenced[sqltable-postgresql]'"),
+        ("pymysql", "sql+mysql://127.0.0.1:1/db", "'distlock-fenced[sqltable-mysql]'"),
     ],
 )
 def test_a_backend_without_its_extra_raises_configuration_error(module: str, url: str, extra: str) -> None:

@@ -29,9 +29,12 @@ def test_exported_names_stay_exported() -> None:
 
 
 def test_the_scheme_table_is_public() -> None:
-    assert set(distlock.backends.__all__) == {"SCHEMES", "Scheme"}
+    assert set(distlock.backends.__all__) == {"SCHEMES", "Scheme", "scheme_of"}
     schemes = {"etcd", "etcds", "redis", "rediss", "redis+cluster", "rediss+cluster", "zk"}
+    schemes |= {"sql+postgresql", "sql+mysql", "sql+mariadb", "sql+sqlite"}
     assert schemes <= set(distlock.backends.SCHEMES)
+    assert distlock.backends.scheme_of("SQL+PostgreSQL+psycopg2") is distlock.backends.SCHEMES["sql+postgresql"]
+    assert distlock.backends.scheme_of("sql+oracle") is None
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,10 @@ of its own.
   ``rediss+cluster://``), needs the ``redis`` extra (redis-py).
 - ``_zookeeper``: ephemeral sequential nodes on a ZooKeeper ensemble (``zk://``), needs the ``zookeeper`` extra
   (kazoo).
+- ``_sqltable``: a lock table in the application's own SQL database through SQLAlchemy Core (``sql+postgresql://``,
+  ``sql+mysql://`` for MariaDB and MySQL, ``sql+sqlite:///``; a driver may be named, ``sql+postgresql+psycopg2://``),
+  needs the ``sqltable`` extra (SQLAlchemy), and a driver: ``sqltable-postgresql`` (psycopg 3) or
+  ``sqltable-mysql`` (PyMySQL); SQLite needs none.
 
 ``distlock.connect(url)`` chooses the backend by the URL's scheme, from the one table :data:`SCHEMES` (scheme ->
 backend, extra to install, default port, TLS, cluster), and imports the backend's module only then: importing
@@ -26,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["SCHEMES", "Scheme"]
+__all__ = ["SCHEMES", "Scheme", "scheme_of"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,12 @@ def _etcd(name: str, *, tls: bool = False) -> Scheme:
     return Scheme(name, backend="etcd", extra="etcd", requires=("grpc", "etcd3"), default_port=2379, tls=tls)
 
 
+def _sql(database: str, extra: str, driver: tuple[str, ...], default_port: int) -> Scheme:
+    return Scheme(
+        f"sql+{database}", backend="sqltable", extra=extra, requires=("sqlalchemy", *driver), default_port=default_port
+    )
+
+
 def _redis(name: str, *, tls: bool = False, cluster: bool = False) -> Scheme:
     return Scheme(
         name, backend="redis", extra="redis", requires=("redis",), default_port=6379, tls=tls, cluster=cluster
@@ -59,7 +69,8 @@ def _redis(name: str, *, tls: bool = False, cluster: bool = False) -> Scheme:
 
 
 #: Every URL scheme ``connect()`` accepts, by name (lower case). The one table: ``connect()`` and the Django
-#: system checks both read it.
+#: system checks both read it. A SQL scheme may also name a driver (``sql+postgresql+psycopg2``): :func:`scheme_of`
+#: finds its entry.
 SCHEMES: Mapping[str, Scheme] = MappingProxyType(
     {
         scheme.name: scheme
@@ -71,6 +82,20 @@ SCHEMES: Mapping[str, Scheme] = MappingProxyType(
             _redis("redis+cluster", cluster=True),
             _redis("rediss+cluster", tls=True, cluster=True),
             Scheme("zk", backend="zookeeper", extra="zookeeper", requires=("kazoo",), default_port=2181),
+            _sql("postgresql", "sqltable-postgresql", ("psycopg",), 5432),
+            _sql("mysql", "sqltable-mysql", ("pymysql",), 3306),
+            _sql("mariadb", "sqltable-mysql", ("pymysql",), 3306),
+            _sql("sqlite", "sqltable", (), 0),
         )
     }
 )
+
+
+def scheme_of(name: str) -> Scheme | None:
+    """The entry of :data:`SCHEMES` for URL scheme ``name`` (any case), or None; ``sql+<database>+<driver>`` is
+    ``sql+<database>``'s (the driver is SQLAlchemy's business)."""
+    name = name.lower()
+    found = SCHEMES.get(name)
+    if found is None and name.startswith("sql+") and name.count("+") == 2:
+        found = SCHEMES.get(name.rpartition("+")[0])
+    return found

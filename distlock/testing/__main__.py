@@ -6,6 +6,7 @@
     python -m distlock.testing redis              # redis://127.0.0.1:<port>/0
     python -m distlock.testing postgres           # postgresql://distlock@127.0.0.1:<port>/distlock
     python -m distlock.testing zookeeper          # zk://127.0.0.1:<port> (--members 3: an ensemble)
+    python -m distlock.testing mariadb            # sql+mysql://distlock:distlock@127.0.0.1:<port>/distlock
 
 Without a server it prints its usage. The URL is the only line on stdout (for ``$(...)`` or a pipe); the log's
 path goes to stderr. Ctrl-C or SIGTERM stops the server and removes its directory.
@@ -28,6 +29,7 @@ from distlock.testing import (
     EtcdCluster,
     EtcdServer,
     HarnessError,
+    MariaDBServer,
     PostgresServer,
     RedisServer,
     ZooKeeperEnsemble,
@@ -45,11 +47,11 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m distlock.testing",
-        description="Start a throwaway etcd, Redis, PostgreSQL or ZooKeeper on loopback, print its URL, run until "
-        "Ctrl-C.",
+        description="Start a throwaway etcd, Redis, PostgreSQL, MariaDB or ZooKeeper on loopback, print its URL, run "
+        "until Ctrl-C.",
         epilog="example: python -m distlock.testing etcd --members 3  (prints etcd://127.0.0.1:<p1>,...)",
     )
-    parser.add_argument("server", nargs="?", choices=["etcd", "redis", "postgres", "zookeeper"])
+    parser.add_argument("server", nargs="?", choices=["etcd", "redis", "postgres", "mariadb", "zookeeper"])
     parser.add_argument("--members", type=int, default=1, help="etcd, zookeeper: members (default 1)")
     parser.add_argument("--tls", action="store_true", help="etcd: serve TLS with client certificates")
     parser.add_argument("--etcd-version", help="etcd: run a binary of this release line, e.g. 3.4 (default: any)")
@@ -64,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     # Started in the background by a shell, Python inherits SIGINT ignored: let `kill -INT` stop it like Ctrl-C.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    server: EtcdCluster | EtcdServer | RedisServer | PostgresServer | ZooKeeperServer | ZooKeeperEnsemble
+    server: (
+        EtcdCluster | EtcdServer | RedisServer | PostgresServer | MariaDBServer | ZooKeeperServer | ZooKeeperEnsemble
+    )
     try:
         if args.server == "etcd":
             binary = find_etcd(version=args.etcd_version)
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             server = RedisServer(appendonly=args.appendonly)
         elif args.server == "zookeeper":
             server = ZooKeeperEnsemble(args.members) if args.members > 1 else ZooKeeperServer()
+        elif args.server == "mariadb":
+            server = MariaDBServer()
         else:
             server = PostgresServer(create_user=args.create_user)
         with server:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import distlock
-from distlock.backends import SCHEMES
+from distlock.backends import scheme_of
 
 __all__ = ["remove_keys"]
 
@@ -29,10 +29,14 @@ _WHAT = "remove the test's keys"
 
 def remove_keys(url: str, prefix: str) -> int:
     """Delete every key under ``prefix`` on the lock service at ``url``; return how many were deleted."""
-    backend_name = SCHEMES[url.partition("://")[0].lower()].backend
+    scheme = scheme_of(url.partition("://")[0])
+    assert scheme is not None, url  # connect() refuses it below otherwise
+    backend_name = scheme.backend
     with distlock.connect(url, prefix=prefix) as client:
         backend: Any = client._backend
-        remove = {"etcd": _remove_etcd, "zookeeper": _remove_zookeeper}.get(backend_name, _remove_redis)
+        remove = {"etcd": _remove_etcd, "zookeeper": _remove_zookeeper, "sqltable": _remove_sqltable}.get(
+            backend_name, _remove_redis
+        )
         return remove(backend)
 
 
@@ -73,3 +77,12 @@ def _remove_zookeeper(backend: Any) -> int:
         for child in backend._children(client, parent, _WHAT):
             removed += int(backend._delete(client, f"{parent}/{child}", _WHAT))
     return removed
+
+
+def _remove_sqltable(backend: Any) -> int:
+    # Every queue entry of the prefix's tables; leases and the locks' rows stay, as they do in use.
+    import sqlalchemy as sa
+
+    waiters = backend._tables.waiters
+    deleted, _ = backend._run(_WHAT, lambda connection, each: connection.execute(sa.delete(waiters)).rowcount)
+    return int(deleted)

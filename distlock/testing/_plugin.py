@@ -42,7 +42,7 @@ import pytest
 
 import distlock
 from distlock._client import _redact
-from distlock.backends import SCHEMES
+from distlock.backends import SCHEMES, scheme_of
 from distlock.testing._cleanup import remove_keys
 from distlock.testing._etcd import EtcdServer
 from distlock.testing._redis import RedisServer
@@ -98,7 +98,7 @@ def _setting(config: pytest.Config, name: str, env: str | None = None) -> str | 
 
 
 def _backend_of(url: str) -> str:
-    scheme = SCHEMES.get(url.partition("://")[0].lower())
+    scheme = scheme_of(url.partition("://")[0])
     if scheme is None:
         pytest.fail(f"distlock: {_redact(url)!r} is no distlock URL; use one of: {', '.join(SCHEMES)}", pytrace=False)
     return scheme.backend
