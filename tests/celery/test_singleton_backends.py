@@ -1,5 +1,5 @@
 """The singleton races on the other lock services: the run-mode overlap check and the SIGKILLed worker, with a worker
-of its own on Redis and on ZooKeeper (the rest of ``tests/celery`` runs on etcd).
+of its own on Redis, ZooKeeper and a PostgreSQL lock table (the rest of ``tests/celery`` runs on etcd).
 
 The two tests are ``test_singleton_run``'s own, collected here a second time: this module's fixtures replace the
 session's etcd-backed app and worker, so they run unchanged against each lock service.
@@ -21,7 +21,7 @@ from test_singleton_run import (  # type: ignore[import-not-found]  # noqa: F401
 )
 
 
-@pytest.fixture(scope="module", params=["redis", "zookeeper"])
+@pytest.fixture(scope="module", params=["redis", "zookeeper", "postgres_table"])
 def celery_urls(request: pytest.FixtureRequest, redis_url: str) -> tuple[str, str, str, str]:
     """Broker and result backend as the session's; the lock service named by the parameter; a queue of its own."""
     base = redis_url.rsplit("/", 1)[0]

@@ -70,15 +70,21 @@ def test_claim_on_read_refuses_the_stalled_holder(worker: DjangoWorker) -> None:
     _refused(*_race(worker, claim=True))
 
 
-@pytest.fixture(params=["redis", "zookeeper"])
-def other_lock_service(request: pytest.FixtureRequest, django_child_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """``DISTLOCK["URL"]`` on another lock service than etcd, here and in the worker's environment."""
+@pytest.fixture(params=["redis", "zookeeper", "own-database"])
+def other_lock_service(
+    request: pytest.FixtureRequest, django_child_env: dict[str, str], db_alias: str
+) -> Iterator[dict[str, str]]:
+    """``DISTLOCK["URL"]`` on another lock service than etcd, here and in the worker's environment; "own-database"
+    is ``django://<alias>``: the SQL lock table in the test's own database, beside the fenced rows."""
     from django.test import override_settings
     from djangotests.testsettings import DISTLOCK
 
     import distlock_django
 
-    url = str(request.getfixturevalue(f"{request.param}_url"))
+    if request.param == "own-database":
+        url = f"django://{db_alias}"
+    else:
+        url = str(request.getfixturevalue(f"{request.param}_url"))
     distlock_django.reset_client()
     try:
         with override_settings(DISTLOCK={**DISTLOCK, "URL": url}):
@@ -88,10 +94,13 @@ def other_lock_service(request: pytest.FixtureRequest, django_child_env: dict[st
 
 
 def test_claim_on_read_refuses_the_stalled_holder_on_every_lock_service(other_lock_service: dict[str, str]) -> None:
-    """The race above on Redis and ZooKeeper: the fence is the database's, whatever hands out the tokens."""
+    """The race above on Redis, ZooKeeper and the lock table in the database itself: the fence is the database's,
+    whatever hands out the tokens."""
     worker = DjangoWorker(other_lock_service)
     try:
-        assert get_client().description.split()[0] in ("Redis", "ZooKeeper")
+        assert not get_client().description.startswith("etcd")
+        if other_lock_service["DISTLOCK_DJANGO_ETCD_URL"].startswith("django://"):
+            assert get_client().description.startswith("SQL lock table"), get_client().description
         _refused(*_race(worker, claim=True))
     finally:
         worker.close()

@@ -114,7 +114,7 @@ def test_the_lost_update_race_of_a_paused_holder(
     _paused_holder_race(client, start_worker, sessions, engine, counter, guard, newer_writes_first)
 
 
-@pytest.mark.parametrize("lock_url", ["redis", "zookeeper"], indirect=True)
+@pytest.mark.parametrize("lock_url", ["redis", "zookeeper", "postgres_table"], indirect=True)
 def test_the_paused_holder_loses_on_every_lock_service(
     client: distlock.Client,
     start_worker: Callable[..., SqlaWorker],
