@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import distlock
 
@@ -340,11 +340,10 @@ def free_port() -> int:
 
 def with_prefix(url: str, prefix: str) -> str:
     """``url`` with ``?prefix=`` added unless it has one: the demo's locks never mix with others on a shared etcd."""
-    parts = urlsplit(url)
-    if any(key == "prefix" for key, _ in parse_qsl(parts.query)):
+    # Appended as text: taking the URL apart and back would turn sql+sqlite:////abs/path's empty host into none.
+    if any(key == "prefix" for key, _ in parse_qsl(urlsplit(url).query)):
         return url
-    query = f"{parts.query}&prefix={prefix}" if parts.query else f"prefix={prefix}"
-    return urlunsplit(parts._replace(query=query))
+    return f"{url}{'&' if '?' in url else '?'}prefix={prefix}"
 
 
 @contextlib.contextmanager
@@ -692,7 +691,7 @@ def run(settings: Settings, out: IO[str]) -> int:
         stack.callback(processes.stop_all)
         stack.callback(STOPPING.set)  # first thing when unwinding (callbacks run last-in, first-out)
         port = settings.port if settings.port is not None else free_port()
-        env = example_env(tmp / "data", with_prefix(url, f"distlock-demo-{run_id}"), run_id)
+        env = example_env(tmp / "data", with_prefix(url, f"distlock_demo_{run_id}"), run_id)
         print("distlock demo: the example bank (example_project/) under load", file=out)
         print(f"  locks:     {where}", file=out)
         print(f"  database:  SQLite in {tmp / 'data'}", file=out)

@@ -13,6 +13,7 @@ import re
 import select
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -139,6 +140,20 @@ def test_without_its_fence_the_frozen_writer_loses_updates_and_the_report_says_s
     assert "ACCEPTED" in result.stdout
     assert number(lines["stale writes rejected"]) == 0
     assert number(lines["lost updates"]) >= 1
+    assert left_behind(mark) == []
+
+
+def test_the_demo_runs_on_a_sql_lock_table(tmp_path: Path) -> None:
+    """``--lock-url`` with a SQLite lock table (its ``?prefix=`` added to a four-slash URL without losing a slash)."""
+    url = f"sql+sqlite:///{tmp_path / 'locks.db'}"
+    result, mark = run_demo("--lock-url", url, "--clients", "3", "--duration", "3", "--reports", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "locks:     SQL lock table" in result.stdout
+    with sqlite3.connect(tmp_path / "locks.db") as db:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    assert any(name.startswith("distlock_demo_") and name.endswith("_waiters") for name in tables), tables
+    assert number(report(result.stdout)["lost updates"]) == 0
+    assert "REFUSED by the database" in result.stdout
     assert left_behind(mark) == []
 
 
