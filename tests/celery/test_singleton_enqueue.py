@@ -209,7 +209,10 @@ os.kill(os.getpid(), signal.SIGSTOP)
     )
     try:
         assert sender.stdout is not None
-        task_id, reserved = sender.stdout.readline().split()
+        line = sender.stdout.readline()
+        if not line:  # the script ended before sending: say why
+            raise AssertionError(f"the sender failed: {sender.communicate(timeout=10)[1][-3000:]}")
+        task_id, reserved = line.split()
         wait_until(lambda: _stopped(sender.pid), 10, "the sender to be stopped")
         outcome = celery_app.AsyncResult(task_id).get(timeout=20)  # well within the sender's 30 s lease
         runs = celery_events.runs(job)
