@@ -4,19 +4,20 @@ One run against one PostgreSQL server (started here by :class:`distlock.testing.
 existing one given by ``--postgres-url``) measures, with the machinery of :mod:`benchmarks._harness` (spawned
 processes, barriers, interleaved latency blocks, bounded waits):
 
-* **uncontended** acquire + release latency (median, p99) and transactions per acquisition, for distlock's lock
+* **uncontended** acquire + release latency (median, p99) and WAL bytes per acquisition, for distlock's lock
   table (``sql+postgresql://``) and the floor: ``SELECT pg_advisory_lock(k)`` then ``SELECT pg_advisory_unlock(k)``
   on one open connection (autocommit), the least any PostgreSQL lock costs;
 * **contention**: N processes loop acquire -> tiny critical section -> release on one lock name for a fixed time:
-  acquisitions/s, transactions per acquisition, wait percentiles, per-process fairness (fewest / most). The
+  acquisitions/s, WAL bytes per acquisition, wait percentiles, per-process fairness (fewest / most). The
   advisory lock contends too: ``pg_advisory_lock`` blocks in PostgreSQL's lock manager (``lock_timeout`` bounds it).
 
 The advisory lock is the floor, not a peer with the same promises: it lives as long as its connection (no lease a
 frozen client loses, no token to fence with), and it is held by a connection, so a pooled connection shared by two
-callers shares the lock too. Transactions are PostgreSQL's own count (``pg_stat_database``: ``xact_commit`` +
-``xact_rollback`` of the database; a backend publishes its counts at most once a second while busy, and 10 s after
-it went idle, so every read waits 10.5 s first). Results are printed and written into ``docs/BENCHMARKS.md`` between
-the ``sql-table-locks`` markers; the rest of that file is left alone.
+callers shares the lock too. The server-side cost counted is the write-ahead log PostgreSQL wrote
+(``pg_current_wal_insert_lsn()``, read at once and exactly: the lock table's rows are durable writes, an advisory
+lock writes none; its transaction counts are published up to 10 s late, too late to count by). Results are printed
+and written into ``docs/BENCHMARKS.md`` between the ``sql-table-locks`` markers; the rest of that file is left
+alone.
 
 What can go wrong is bounded by the harness: a process that fails or hangs is killed a grace period after its
 window and reported as an error in the section, and the run then exits with status 1.
@@ -28,7 +29,6 @@ import argparse
 import dataclasses
 import hashlib
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -110,31 +110,25 @@ PLAN = Plan(
 
 
 @dataclasses.dataclass(frozen=True)
-class TransactionCount:
-    """The database's committed and rolled-back transactions so far (``pg_stat_database``), as ``TRANSACTIONS``.
-
-    PostgreSQL (15 and later) publishes a busy backend's counts at most once a second, and what is left 10 s after
-    the backend went idle (or when it exits): a read waits that long first, so that what the measured processes did
-    is all in it. The read's own transaction is the next read's one extra."""
+class WalCount:
+    """Bytes of write-ahead log the server has written so far, as ``WAL``: its own count, exact at every read (the
+    read writes none)."""
 
     url: str
 
     def requests(self) -> Counter[str]:
-        time.sleep(10.5)
         with psycopg.connect(_libpq(self.url), autocommit=True) as connection:
-            row = connection.execute(
-                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
-            ).fetchone()
-        return Counter({"TRANSACTIONS": int(row[0]) if row else 0})
+            row = connection.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')").fetchone()
+        return Counter({"WAL": int(row[0]) if row else 0})
 
 
 class PostgresUnderTest(ServerUnderTest):
-    """A PostgreSQL server with distlock's lock table, its transactions counted by ``pg_stat_database``."""
+    """A PostgreSQL server with distlock's lock table, the write-ahead log it writes counted."""
 
     product = "PostgreSQL"
 
     def __init__(self, url: str, description: str, run_id: str) -> None:
-        super().__init__(url, TransactionCount(url), description)
+        super().__init__(url, WalCount(url), description)
         self.run_id = run_id
 
     def version(self) -> str:
@@ -158,8 +152,8 @@ def render(run: Run, machine: list[str], args: argparse.Namespace, results: Lock
         *run.heading("## SQL lock table: distlock on PostgreSQL, `pg_advisory_lock`", machine),
         "One run against one PostgreSQL server. Every measurement runs in freshly spawned processes, each with its",
         "own connection, connected and warmed up (under contention: one acquisition each) before the clock and the",
-        "counters start. *Transactions* are PostgreSQL's `pg_stat_database` (`xact_commit` + `xact_rollback`)",
-        "divided by the acquisitions.",
+        "counters start. *WAL bytes* are the write-ahead log the server wrote (`pg_current_wal_insert_lsn()`)",
+        "divided by the acquisitions: the lock table's rows are durable writes, an advisory lock writes none.",
         "",
         f"### Uncontended acquire + release: {args.rounds} rounds after {args.warmup} warm-up rounds",
         "",
@@ -168,7 +162,7 @@ def render(run: Run, machine: list[str], args: argparse.Namespace, results: Lock
         "per TTL, refreshed by the keeper). Floor: `SELECT pg_advisory_lock(k)`, `SELECT pg_advisory_unlock(k)` on",
         "one autocommit connection.",
         "",
-        *uncontended_table(LABELS, results.uncontended, "transactions", "name"),
+        *uncontended_table(LABELS, results.uncontended, "WAL bytes", "kind"),
         "",
         f"### Contention: N processes on one lock name for {args.duration:g} s",
         "",
@@ -178,7 +172,7 @@ def render(run: Run, machine: list[str], args: argparse.Namespace, results: Lock
         "the lease (a frozen holder loses the lock) and its keeper; the advisory lock has neither.",
         f"`acquire()` has a {args.duration + GRACE / 2:g} s timeout; *failures* are those that returned False.",
         "",
-        *contended_table(LABELS, results.contended, "transactions", "name", "rows left"),
+        *contended_table(LABELS, results.contended, "WAL bytes", "kind", "rows left"),
         "",
         "### Ratios",
         "",
