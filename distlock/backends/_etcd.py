@@ -267,6 +267,13 @@ class _SlotWatch:
         return False
 
 
+def _still_there(ticket: Ticket) -> Any:
+    """The compare of a transaction that acts only if ``ticket``'s key still exists, made by the same join."""
+    return etcdrpc.Compare(
+        result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.CREATE, key=ticket.key, create_revision=ticket.revision
+    )
+
+
 def _prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key that starts with ``prefix`` (etcd's range_end for a prefix)."""
     end = bytearray(prefix)
@@ -797,14 +804,7 @@ class EtcdBackend:
 
     def dequeue(self, ticket: Ticket) -> bool:
         request = etcdrpc.TxnRequest(
-            compare=[
-                etcdrpc.Compare(
-                    result=etcdrpc.Compare.EQUAL,
-                    target=etcdrpc.Compare.CREATE,
-                    key=ticket.key,
-                    create_revision=ticket.revision,
-                )
-            ],
+            compare=[_still_there(ticket)],
             success=[etcdrpc.RequestOp(request_delete_range=etcdrpc.DeleteRangeRequest(key=ticket.key))],
         )
         response, retried = self._unary(f"release lock {ticket.name!r}", "Txn", request)
@@ -879,14 +879,7 @@ class EtcdBackend:
         # The compare is a release's: the ticket's key still exists with its revision. A key is deleted when its
         # lease runs out, so a holder frozen past its TTL finds its write refused even before anyone else holds.
         request = etcdrpc.TxnRequest(
-            compare=[
-                etcdrpc.Compare(
-                    result=etcdrpc.Compare.EQUAL,
-                    target=etcdrpc.Compare.CREATE,
-                    key=ticket.key,
-                    create_revision=ticket.revision,
-                )
-            ],
+            compare=[_still_there(ticket)],
             success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=self._record_key(ticket.name), value=value))],
         )
         response, _ = self._unary(f"write the record of lock {ticket.name!r}", "Txn", request)
