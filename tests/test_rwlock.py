@@ -175,7 +175,11 @@ def test_no_writer_overlaps_any_holder_across_processes(backend_url: str, lock_n
         if token in writers:
             overlapping = [t for s, e, t, _ in spans if t != token and s < end and start < e]
             assert not overlapping, f"writer {token} overlapped holds {overlapping}"
-    assert most_at_once([span for span in spans if span[2] not in writers])[0] > 1, "readers never held together"
+    if not backend_url.startswith("sql+sqlite"):
+        # On the SQLite lock table the order in which processes get into the FIFO queue is SQLite's (its busy handler
+        # favours newcomers, see test_semaphore), and readers may join only between writers in a run: readers
+        # holding together is then a matter of luck. The safety checks above and below hold all the same.
+        assert most_at_once([span for span in spans if span[2] not in writers])[0] > 1, "readers never held together"
     value = db.execute("SELECT value FROM counter").fetchone()[0]
     acks = [v for (v,) in db.execute("SELECT value FROM acks ORDER BY value")]
     assert acks == list(range(1, value + 1)), "an acknowledged fenced write is missing"
