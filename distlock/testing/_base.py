@@ -487,6 +487,19 @@ class _Server(_Managed):
         if not self.running:
             raise HarnessError(f"{self!r} is not running")
 
+    def _run_step(self, command: list[str], what: str) -> None:
+        """Run a set-up step (``initdb``, ``mariadb-install-db``) to its end, its output in the log; raise
+        ``ServerStartError`` with the log's tail when it fails."""
+        with self._open_log(command) as log:
+            result = subprocess.run(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False,
+                **self._popen_kwargs(),
+            )  # fmt: skip
+        if result.returncode != 0:
+            raise ServerStartError(
+                f"{what} failed with code {result.returncode}. Log ({self.log_path}):\n{self.log_tail()}"
+            )
+
     def _open_log(self, command: Sequence[str]) -> IO[bytes]:
         log = self.log_path.open("ab")
         self._log_offset = log.tell()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from distlock._errors import ConfigurationError
-from distlock.testing._base import _HOST, HarnessError, ServerStartError, _is_executable, _OnePortServer
+from distlock.testing._base import _HOST, HarnessError, _is_executable, _OnePortServer
 
 __all__ = ["MariaDBServer", "find_mariadb_bin"]
 
@@ -139,15 +139,7 @@ class MariaDBServer(_OnePortServer):
             "--skip-test-db",
             *self._user_options(),
         ]
-        with self._open_log(command) as log:
-            result = subprocess.run(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False,
-                **self._popen_kwargs(),
-            )  # fmt: skip
-        if result.returncode != 0:
-            raise ServerStartError(
-                f"mariadb-install-db failed with code {result.returncode}. Log ({self.log_path}):\n{self.log_tail()}"
-            )
+        self._run_step(command, "mariadb-install-db")
 
     def _command(self) -> list[str]:
         return [

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from distlock._errors import ConfigurationError
-from distlock.testing._base import _HOST, HarnessError, ServerStartError, _clean_env, _is_executable, _OnePortServer
+from distlock.testing._base import _HOST, HarnessError, _clean_env, _is_executable, _OnePortServer
 
 __all__ = ["PostgresServer", "find_postgres_bin"]
 
@@ -201,15 +201,7 @@ class PostgresServer(_OnePortServer):
             "--no-sync",
             "--no-instructions",
         ]
-        with self._open_log(command) as log:
-            result = subprocess.run(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False,
-                **self._popen_kwargs(),
-            )  # fmt: skip
-        if result.returncode != 0:
-            raise ServerStartError(
-                f"initdb failed with code {result.returncode}. Log ({self.log_path}):\n{self.log_tail()}"
-            )
+        self._run_step(command, "initdb")
 
     def _command(self) -> list[str]:
         command = [self._postgres, "-D", str(self.data_dir), "-p", str(self.port), "-k", str(self.socket_dir)]
