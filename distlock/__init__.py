@@ -40,6 +40,7 @@ from ._errors import (
     UnfencedWrite,
 )
 from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refused, stale_token_message
+from ._guard import fence_guard_sql
 from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
 from ._multi import AsyncMultiLock, MultiLock
 from ._protocol import Holder, LockState, Waiter
@@ -93,6 +94,7 @@ __all__ = [
     "current_token",
     "fence_for",
     "fence_for_write",
+    "fence_guard_sql",
     "fence_refused",
     "format_lock_table",
     "seconds",
