@@ -29,18 +29,21 @@ from distlock import UnfencedWrite
 
 from ._errors import StaleFenceToken
 from ._flush import STRICT
+from ._guard import FenceGuard, fence_guard
 from ._mixin import FencedMixin, fenced_mapper_args
 from ._ops import claim, claim_one, fenced_delete, fenced_insert, fenced_update
 from ._spec import FenceSpec, fenced_table, spec_of
 
 __all__ = [
     "STRICT",
+    "FenceGuard",
     "FenceSpec",
     "FencedMixin",
     "StaleFenceToken",
     "UnfencedWrite",
     "claim",
     "claim_one",
+    "fence_guard",
     "fenced_delete",
     "fenced_insert",
     "fenced_mapper_args",
