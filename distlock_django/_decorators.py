@@ -43,7 +43,7 @@ from ._client import get_client
 from ._conf import conf, lock_name
 from ._tx import release_after_commit
 
-__all__ = ["busy_response", "conflict_response", "distributed_lock"]
+__all__ = ["busy_response", "conflict_answer", "conflict_response", "distributed_lock"]
 
 log = logging.getLogger("distlock.django")
 
@@ -71,6 +71,20 @@ def conflict_response() -> HttpResponse:
         status=int(conf()["CONFLICT_STATUS"]),
         content_type="text/plain; charset=utf-8",
     )
+
+
+#: What a view answers with ``CONFLICT_STATUS`` when it escapes a lock taken for it: the lock was lost, or the
+#: database refused a stale write.
+CONFLICTS: tuple[type[BaseException], ...] = (LockLost, StaleFenceToken)
+
+
+def conflict_answer(error: BaseException, request: HttpRequest | None) -> HttpResponse | None:
+    """The one mapping of an error escaping a locked view to its answer (the decorator's and the middleware's):
+    ``conflict_response()`` for a lost lock or a refused stale write, None for anything else (or no request)."""
+    if request is None or not isinstance(error, CONFLICTS):
+        return None
+    log.warning("distlock: %s answered %s: %s", request.path, conf()["CONFLICT_STATUS"], error)
+    return conflict_response()
 
 
 class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(...), with distributed_lock(...)
@@ -153,15 +167,12 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
                 return cast(R, self._busy(lock, request))
             try:
                 result = func(*args, **kwargs)
-            except (LockLost, StaleFenceToken) as e:
+            except BaseException as e:
                 release_after_commit_quietly(lock)
-                if request is None:
+                answer = conflict_answer(e, request)
+                if answer is None:
                     raise
-                log.warning("distlock: %s answered %s: %s", request.path, conf()["CONFLICT_STATUS"], e)
-                return cast(R, conflict_response())
-            except BaseException:
-                release_after_commit_quietly(lock)
-                raise
+                return cast(R, answer)
             if request is None:
                 release_after_commit(lock)
             else:
@@ -183,15 +194,12 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
                 result = func(*args, **kwargs)
                 if awaits_result or inspect.isawaitable(result):
                     result = await cast(Awaitable[Any], result)
-            except (LockLost, StaleFenceToken) as e:
+            except BaseException as e:
                 await _arelease_quietly(lock)
-                if request is None:
+                answer = conflict_answer(e, request)
+                if answer is None:
                     raise
-                log.warning("distlock: %s answered %s: %s", request.path, conf()["CONFLICT_STATUS"], e)
-                return conflict_response()
-            except BaseException:
-                await _arelease_quietly(lock)
-                raise
+                return answer
             if request is None:
                 await lock.release()
             else:

@@ -14,7 +14,9 @@ The lock is taken before the view runs (and before ``ATOMIC_REQUESTS`` opens its
 response is complete: for an ordinary response when the view returns — after the request's transaction committed —
 and for a streaming response only when its last chunk has been sent (or the client went away). A busy lock
 answers like the decorator (423/409 with ``Retry-After``; with ``CONTENTION_STATUS`` None it raises
-``LockNotAcquired``), and a ``LockLost`` or ``StaleFenceToken`` escaping the view answers ``CONFLICT_STATUS``. It is
+``LockNotAcquired``), and a ``LockLost`` or ``StaleFenceToken`` escaping the view answers ``CONFLICT_STATUS`` (409),
+as the decorator's (one mapping, ``conflict_answer``). Django turns a view's exception into a 500 response before it
+reaches a middleware's ``__call__``, so the answer is given in ``process_exception``, which Django calls first. It is
 a synchronous middleware (Django adapts it for async views). What can go wrong: a malformed rule (``_rules.py``)
 raises ``ConfigurationError`` on the first request (and ``manage.py check`` reports it as ``distlock.E003``).
 """
@@ -27,11 +29,11 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from django.urls import Resolver404, resolve
 
-from distlock import LockLost, LockNotAcquired, StaleFenceToken
+from distlock import LockNotAcquired
 
 from ._client import get_client
 from ._conf import conf, lock_name
-from ._decorators import busy_response, conflict_response, release_after_commit_quietly
+from ._decorators import busy_response, conflict_answer, release_after_commit_quietly
 from ._rules import Rule, compile_rules
 
 __all__ = ["DistributedLockMiddleware"]
@@ -87,6 +89,12 @@ class DistributedLockMiddleware:
         self.get_response = get_response
         self._compiled: tuple[object, list[Rule]] | None = None
 
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponseBase | None:
+        """A lost lock or a refused stale write in a view this middleware locked: ``CONFLICT_STATUS``."""
+        if not getattr(request, "_distlock_locked", False):
+            return None
+        return conflict_answer(exception, request)
+
     def _rules(self) -> list[Rule]:
         settings = conf()
         if self._compiled is None or self._compiled[0] is not settings:
@@ -134,11 +142,9 @@ class DistributedLockMiddleware:
                 released = True
                 release_after_commit_quietly(lock)
 
+        request._distlock_locked = True  # type: ignore[attr-defined]  # process_exception answers for this lock
         try:
             response = self.get_response(request)
-        except (LockLost, StaleFenceToken):
-            release()
-            return conflict_response()
         except BaseException:
             release()
             raise

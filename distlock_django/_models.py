@@ -54,9 +54,10 @@ import contextlib
 import operator
 import sqlite3
 import string
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Self, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -228,6 +229,50 @@ def _stale(model: type[models.Model], pk: Any, token: int, using: str, action: s
         f"{action} of {model.__name__} pk={pk}", token, current, family=_template(model).template
     )
     return StaleFenceToken(message, token=token, row=pk, current=current)
+
+
+def _owner(model: type[models.Model]) -> type[models.Model]:
+    """The model whose table holds ``fence_token``: the model itself, or (multi-table inheritance) the fenced
+    parent. Every guard is an UPDATE of that table alone, with the token in its WHERE."""
+    return model._meta.get_field("fence_token").model
+
+
+def _guard(model: type[models.Model], using: str) -> models.QuerySet[Any]:
+    """A queryset of the table that holds ``fence_token`` (the child's pk is its parent's, parent link as pk)."""
+    return _owner(model)._base_manager.using(using)
+
+
+def _raw_update(queryset: models.QuerySet[Any], **values: Any) -> int:
+    """``QuerySet.update()`` as Django runs it, for the guarded statements built here (not a plain write)."""
+    return models.QuerySet.update(queryset, **values)
+
+
+def _name_fields(model: type[models.Model]) -> list[models.Field[Any, Any]] | None:
+    """The concrete non-pk fields of the fence-holding table that the lock template reads, e.g. ``book`` for
+    ``"book:{book}"``; an UPDATE carrying ``field = <value the name was rendered from>`` lands only on a row
+    that is still of that lock, so a move (a row changing lock) is seen in the write's own statement. None: the
+    template reads something else (``{self}``, a property, a field of a child table), which SQL cannot compare."""
+    cached = getattr(model, "_distlock_name_fields", None)
+    template = _template(model).template
+    if cached is not None and cached[0] == template:
+        return cast("list[models.Field[Any, Any]] | None", cached[1])
+    meta = model._meta
+    owner = _owner(model)
+    fields: list[models.Field[Any, Any]] | None = []
+    for _, root, _, _ in _formatter.parse(template):
+        if root is None:
+            continue
+        name = root.split(".", 1)[0].split("[", 1)[0]
+        if name in ("pk", meta.pk.attname, meta.pk.name):
+            continue
+        field = next((f for f in meta.concrete_fields if name in (f.name, f.attname)), None)
+        if field is None or field.model is not owner or field.primary_key:
+            fields = None
+            break
+        if fields is not None and field not in fields:
+            fields.append(field)
+    model._distlock_name_fields = (template, fields)  # type: ignore[attr-defined]
+    return fields
 
 
 _M = TypeVar("_M", bound=models.Model)
@@ -415,38 +460,136 @@ class FencedQuerySet(models.QuerySet[_M]):
         by_token = self._fences(rows, explicit)
         with transaction.atomic(using=using):
             for token, pks in by_token.items():
-                claimed = base.filter(pk__in=pks, fence_token__lte=token).update(fence_token=token)
-                if claimed != len(pks):
-                    stale = base.filter(pk__in=pks, fence_token__gt=token).values_list("pk", flat=True).first()
-                    raise _stale(self.model, stale if stale is not None else pks[0], token, using, "fenced read")
+                self._claim_rows(pks, token, token, using, "fenced read")
+
+    def _claim_rows(self, pks: list[Any], guard: int, token: int, using: str, action: str) -> None:
+        """Set ``fence_token = token`` on rows ``pks`` where it is ``<= guard``: one UPDATE of the table holding
+        ``fence_token`` (a parent's, for multi-table inheritance), all of them or ``StaleFenceToken``."""
+        guard_rows = _guard(self.model, using)
+        if _raw_update(guard_rows.filter(pk__in=pks, fence_token__lte=guard), fence_token=token) != len(pks):
+            stale = guard_rows.filter(pk__in=pks, fence_token__gt=guard).values_list("pk", flat=True).first()
+            raise _stale(self.model, stale if stale is not None else pks[0], guard, using, action)
 
     def fenced_update(self, fence: Fence | distlock.Lock | None = None, **values: Any) -> int:
         """Update every row of this queryset under its lock's token, all or nothing; returns the row count.
 
-        Raises ``StaleFenceToken`` (and writes nothing) if any row carries a newer token.
+        Raises ``StaleFenceToken`` (and writes nothing) if any row carries a newer token. Values that change a
+        row's lock name (a field the template reads) move it: the lock of its new name is needed too.
         """
         _require_fenced(self.model)
         if "fence_token" in values:
             raise distlock.ConfigurationError("fenced_update() sets fence_token itself; do not pass it")
         using = self.db
         base = self.model._base_manager.using(using)
+        multi_table = bool(self.model._meta.parents)
         with transaction.atomic(using=using):
-            rows = list(base.filter(pk__in=self.values("pk")))
+            # Locking reads where the database has them: the rows' lock names are read as stored, and kept so.
+            rows = list(base.select_for_update().filter(pk__in=self.values("pk")))
             by_token = self._fences(rows, fence)
+            moves = self._moves(rows, values)
             for token, pks in by_token.items():
-                updated = base.filter(pk__in=pks, fence_token__lte=token).update(fence_token=token, **values)
-                if updated != len(pks):
-                    stale = base.filter(pk__in=pks, fence_token__gt=token).values_list("pk", flat=True).first()
-                    raise _stale(self.model, stale if stale is not None else pks[0], token, using, "fenced update")
+                for stored, group in self._by_destination(pks, moves, token).items():
+                    if multi_table:
+                        # The parent's fence_token first, guarded by the token, before any child row is touched.
+                        self._claim_rows(group, token, stored, using, "fenced update")
+                        _raw_update(base.filter(pk__in=group), **values)
+                        continue
+                    updated = _raw_update(
+                        base.filter(pk__in=group, fence_token__lte=token), fence_token=stored, **values
+                    )
+                    if updated != len(group):
+                        stale = base.filter(pk__in=group, fence_token__gt=token).values_list("pk", flat=True).first()
+                        raise _stale(
+                            self.model, stale if stale is not None else group[0], token, using, "fenced update"
+                        )
         return len(rows)
 
-    def update(self, **values: Any) -> int:
-        """Plain update: allowed outside locks unless ``FENCING`` is strict; use ``fenced_update()`` in locks."""
-        if conf()["FENCING"] == "strict" and self.model is not None and issubclass(self.model, FencedModel):
-            raise UnfencedWrite(
-                f"QuerySet.update() on fenced model {self.model.__name__} in strict mode; use fenced_update()"
+    def _moves(self, rows: list[Any], values: Mapping[str, Any]) -> dict[Any, int]:
+        """For rows whose lock name ``values`` change: pk -> the token of the destination's lock (held here, else
+        ``LockNotOwned``/``UnfencedWrite``). A move needs both locks."""
+        names = _name_fields(self.model)
+        template_reads = {root for _, root, _, _ in _formatter.parse(_template(self.model).template) if root}
+        touched = [key for key in values if names is None or any(key in (f.name, f.attname) for f in names)]
+        if names is None:
+            touched = [key for key in values if key in template_reads]
+        if not touched:
+            return {}
+        if any(hasattr(values[key], "resolve_expression") for key in touched):
+            raise distlock.ConfigurationError(
+                f"fenced_update() of {self.model.__name__} sets {touched} (read by its fence_lock) to an expression: "
+                "the row's new lock cannot be named before the write; set plain values"
             )
+        moves: dict[Any, int] = {}
+        for row in rows:
+            before = _lock_name_of(row)
+            for key in touched:
+                setattr(row, key, values[key])
+            if _lock_name_of(row) != before:
+                destination = fence_of(row)
+                if destination is None:
+                    raise LockNotOwned(
+                        f"fenced update moves {self.model.__name__} pk={row.pk} to lock {_lock_name_of(row)!r}, "
+                        "which is not held here: a move needs the locks of both names",
+                        name=_lock_name_of(row),
+                    )
+                moves[row.pk] = destination.token
+        return moves
+
+    @staticmethod
+    def _by_destination(pks: list[Any], moves: Mapping[Any, int], token: int) -> dict[int, list[Any]]:
+        """Rows guarded by ``token`` grouped by the token they are stored with: the larger of the two locks' for a
+        move (a row's token never goes down), else ``token``."""
+        groups: dict[int, list[Any]] = {}
+        for pk in pks:
+            groups.setdefault(max(token, moves.get(pk, token)), []).append(pk)
+        return groups
+
+    def update(self, **values: Any) -> int:
+        """Plain update: allowed outside locks unless ``FENCING`` is strict; use ``fenced_update()`` in locks.
+
+        It leaves ``fence_token`` alone unless told to set it (``update(fence_token=...)`` is the one raw write of
+        the token this library lets through; the opt-in database guard refuses lowering it).
+        """
+        self._plain_write("QuerySet.update()", "use fenced_update()")
         return super().update(**values)
+
+    def _plain_write(self, what: str, instead: str) -> None:
+        """Strict mode refuses a plain write to a fenced model before anything is written."""
+        if conf()["FENCING"] == "strict" and self.model is not None and issubclass(self.model, FencedModel):
+            raise UnfencedWrite(f"{what} on fenced model {self.model.__name__} in strict mode; {instead}")
+
+    def bulk_create(self, objs: Iterable[_M], *args: Any, **kwargs: Any) -> list[_M]:
+        """Plain inserts (an upsert's update is plain too); refused in strict mode, and never sets ``fence_token``
+        on a conflict (``ConfigurationError``). ``save()`` or ``create()`` in the row's lock are fenced."""
+        self._plain_write("bulk_create()", "create() or save() each row inside its lock")
+        update_fields = kwargs.get("update_fields") or (args[3] if len(args) > 3 else None)
+        if update_fields and any(name == "fence_token" for name in update_fields):
+            raise distlock.ConfigurationError(
+                f"bulk_create(update_conflicts=True) of {self.model.__name__} updates fence_token: a plain write "
+                "never changes it (a row's token never goes down)"
+            )
+        return super().bulk_create(objs, *args, **kwargs)
+
+    def bulk_update(self, objs: Iterable[_M], fields: Iterable[str], batch_size: int | None = None) -> int:
+        """Plain updates; refused in strict mode, and never of ``fence_token`` (``ConfigurationError``)."""
+        self._plain_write("bulk_update()", "use fenced_update() or save() each row inside its lock")
+        fields = list(fields)
+        if "fence_token" in fields:
+            raise distlock.ConfigurationError(
+                f"bulk_update() of {self.model.__name__} writes fence_token: a plain write never changes it"
+            )
+        return super().bulk_update(objs, fields, batch_size=batch_size)
+
+    async def aiterator(self, chunk_size: int = 2000) -> AsyncIterator[Any]:
+        """As ``iterator()``: a ``fenced()`` queryset claims its rows first (in a thread, as Django's async ORM
+        runs its queries), then yields them."""
+        if self._distlock_claim is False:
+            async for row in super().aiterator(chunk_size=chunk_size):
+                yield row
+            return
+        rows = await sync_to_async(lambda: list(self.iterator(chunk_size=chunk_size)))()
+        for row in rows:
+            yield row
 
 
 class FencedManager(models.Manager.from_queryset(FencedQuerySet)):  # type: ignore[misc]
@@ -467,90 +610,161 @@ class FencedModel(models.Model):
         abstract = True
 
     def save(self, *args: Any, fence: Fence | distlock.Lock | None = None, **kwargs: Any) -> None:
-        """Save; an update of an existing row is fenced (``StaleFenceToken`` when a newer holder claimed it)."""
+        """Django's ``save()``, with an update of an existing row fenced in its own UPDATE statement
+        (``StaleFenceToken`` when a newer holder claimed it); see :meth:`_do_update`."""
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
-        adding = self._state.adding or self.pk is None
-        found = None if adding and self.pk is None else fence_of(self, fence, inserting=adding)
-        if adding:
-            if found is None and self.pk is None:
-                # The lock name may depend on the pk, which an insert creates: check after the insert.
-                self.fence_token = 0
-                with transaction.atomic(using=using):
-                    super().save(*args, **kwargs)
-                    found = fence_of(self, fence, inserting=True)
-                    if found is not None:
-                        type(self)._base_manager.using(using).filter(pk=self.pk).update(fence_token=found.token)
-                        self.fence_token = found.token
-                return
-            self.fence_token = found.token if found is not None else 0
-            super().save(*args, **kwargs)
+        if self.pk is None:
+            # An insert. The lock name may depend on the pk, which the insert creates: check after the insert.
+            self.fence_token = 0
+            with transaction.atomic(using=using):
+                self._save_with(None, args, kwargs)
+                found = fence_of(self, fence, inserting=True)
+                if found is not None:
+                    _raw_update(_guard(type(self), using).filter(pk=self.pk), fence_token=found.token)
+                    self.fence_token = found.token
             return
-        if found is None:
+        # A pk is set: the row may exist (an instance built from a pk updates it), so only a forced insert is an
+        # insert here.
+        inserting = bool(kwargs.get("force_insert") or (len(args) > 0 and args[0]))
+        found = fence_of(self, fence, inserting=inserting)
+        if found is not None and inserting:
+            self.fence_token = found.token
+        self._save_with(found, args, kwargs)
+
+    def _save_with(self, found: Fence | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._distlock_write = found
+        try:
             super().save(*args, **kwargs)
-            return
-        update_fields = self._fields_to_save(using, kwargs.get("update_fields"))
-        if update_fields is not None and not update_fields:
-            return  # as Django's save(): update_fields=[] saves nothing and sends no signal
-        self._fenced_update(found.token, using, update_fields)
+        finally:
+            del self._distlock_write
 
-    def _fields_to_save(self, using: str, update_fields: Iterable[str] | None) -> frozenset[str] | None:
-        """The fields an update writes, picked as Django's ``save()`` picks them: those named, else, for a row
-        loaded with ``only()``/``defer()`` and saved to its own database, the loaded ones; None: every field."""
-        if update_fields is not None:
-            return frozenset(update_fields)
-        concrete = self._meta.concrete_fields
-        deferred = {f.attname for f in concrete if f.attname not in self.__dict__ and not f.generated}
-        if not deferred or using != self._state.db:
-            return None
-        loaded = {f.attname for f in concrete if not f.primary_key}.difference(deferred)
-        return frozenset(loaded) if loaded else None
+    def _do_update(  # type: ignore[override]  # Django 5.2's signature
+        self,
+        base_qs: models.QuerySet[Any],
+        using: str,
+        pk_val: Any,
+        values: list[tuple[Any, Any, Any]],
+        update_fields: Iterable[str] | None,
+        forced_update: bool,
+    ) -> bool:
+        """Django's UPDATE of one table of a ``save()``, fenced on the table that holds ``fence_token``.
 
-    def _fenced_update(self, token: int, using: str, update_fields: frozenset[str] | None) -> None:
+        With a lock (``found``): ``UPDATE ... SET ..., fence_token = :t WHERE pk = :pk AND fence_token <= :t AND
+        <the template's fields = the values the lock name was rendered from>`` — also with ``update_fields`` that
+        name no field of this table, and before a multi-table child's own table (Django saves parents first, in
+        one transaction). 0 rows: :meth:`_refused` says why. Without one (``FENCING = "on"``): Django's UPDATE
+        without ``fence_token`` — a plain write never changes the row's token.
+        """
+        write = self.__dict__.get("_distlock_write", _PLAIN)
+        owner = _owner(type(self))
+        if write is _PLAIN or base_qs.model is not owner:  # not from save() (raw fixtures), or a child's table
+            return bool(_django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update))
+        values = [value for value in values if value[0].attname != "fence_token"]
+        if not isinstance(write, Fence):
+            return bool(_django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update))
+        names = _name_fields(type(self)) or []
+        conditions = {field.attname: getattr(self, field.attname) for field in names}
+        fence_field = owner._meta.get_field("fence_token")
+        filtered = base_qs.filter(pk=pk_val, fence_token__lte=write.token, **conditions)
+        if filtered._update([*values, (fence_field, None, write.token)]) > 0:  # type: ignore[attr-defined]
+            self.fence_token = write.token
+            return True
+        return self._refused(base_qs, using, pk_val, values, write, conditions)
+
+    def _refused(
+        self,
+        base_qs: models.QuerySet[Any],
+        using: str,
+        pk_val: Any,
+        values: list[tuple[Any, Any, Any]],
+        write: Fence,
+        conditions: Mapping[str, Any],
+    ) -> bool:
+        """A fenced UPDATE matched no row (the accepted path never comes here): the row is gone, was claimed by
+        a newer holder, or is stored under another lock name — a move, which needs that lock too."""
         model = type(self)
-        meta = self._meta
-        signals.pre_save.send(
-            sender=model.__mro__[0], instance=self, raw=False, using=using, update_fields=update_fields
-        )
-        values = {
-            field.attname: field.pre_save(self, False)
-            for field in meta.concrete_fields
-            if not field.primary_key
-            and field.attname != "fence_token"
-            and (update_fields is None or field.name in update_fields or field.attname in update_fields)
-        }
-        # As Django's own save_base(): one UPDATE needs no transaction of its own (a stale one matches no row and
-        # writes nothing); an inherited model's UPDATE spans its parents' tables, and those run in one transaction.
-        # Signals are sent outside it, as Django sends them.
-        if meta.parents:
-            context: contextlib.AbstractContextManager[object] = transaction.atomic(using=using, savepoint=False)
-        else:
-            context = transaction.mark_for_rollback_on_error(using=using)
-        with context:
-            updated = model._base_manager.using(using).filter(pk=self.pk, fence_token__lte=token)
-            if updated.update(fence_token=token, **values) != 1:
-                raise _stale(model, self.pk, token, using, "fenced save")
+        with transaction.atomic(using=using):
+            stored = model._base_manager.using(using).select_for_update().filter(pk=pk_val).first()
+            if stored is None:
+                if self._state.adding:
+                    self.fence_token = write.token  # built from a pk, no such row: Django inserts it
+                    return False
+                raise _stale(model, pk_val, write.token, using, "fenced save")
+            source = _lock_name_of(stored)
+            if source == write.name:
+                raise _stale(model, pk_val, write.token, using, "fenced save")
+            # The row is stored under lock ``source``: its holder's token guards it; a moved row keeps the larger.
+            held = distlock.fence_for_write(
+                source,
+                None,
+                what=lambda: f"{model.__name__} pk={pk_val} (stored under {source!r}, saved as {write.name!r})",
+                strict=conf()["FENCING"] == "strict",
+            )
+            if held is None:
+                raise LockNotOwned(
+                    f"saving {model.__name__} pk={pk_val} moves it from lock {source!r} to {write.name!r}: "
+                    f"a move needs both locks, and {source!r} is not held here",
+                    name=source,
+                )
+            names = _name_fields(model) or []
+            was = {field.attname: getattr(stored, field.attname) for field in names}
+            token = max(held.token, write.token)
+            fence_field = _owner(model)._meta.get_field("fence_token")
+            filtered = base_qs.filter(pk=pk_val, fence_token__lte=held.token, **was)
+            if filtered._update([*values, (fence_field, None, token)]) != 1:  # type: ignore[attr-defined]
+                raise _stale(model, pk_val, held.token, using, "fenced save")
         self.fence_token = token
-        self._state.adding = False
-        self._state.db = using
-        signals.post_save.send(
-            sender=model.__mro__[0],
-            instance=self,
-            created=False,
-            update_fields=update_fields,
-            raw=False,
-            using=using,
-        )
+        return True
 
     def delete(
         self, using: str | None = None, keep_parents: bool = False, *, fence: Fence | distlock.Lock | None = None
     ) -> tuple[int, dict[str, int]]:
-        """Delete; fenced: the row is claimed first (``StaleFenceToken`` if a newer holder has), then deleted."""
+        """Delete; fenced: the row is claimed first (``StaleFenceToken`` if a newer holder has), then deleted.
+
+        The claim is made by the ``pre_delete`` receiver every fenced model has (:func:`_claim_before_delete`),
+        in Django's deletion transaction, as for rows a ``QuerySet.delete()`` or a cascade deletes.
+        """
         found = fence_of(self, fence)
-        if found is None:
+        self._distlock_delete = found
+        try:
             return super().delete(using=using, keep_parents=keep_parents)
-        alias = using or router.db_for_write(type(self), instance=self)
-        with transaction.atomic(using=alias):
-            base = type(self)._base_manager.using(alias)
-            if base.filter(pk=self.pk, fence_token__lte=found.token).update(fence_token=found.token) != 1:
-                raise _stale(type(self), self.pk, found.token, alias, "fenced delete")
-            return super().delete(using=alias, keep_parents=keep_parents)
+        finally:
+            self.__dict__.pop("_distlock_delete", None)
+
+
+# Django 5.2's own (the stubs describe a later signature).
+_django_do_update: Any = cast(Any, models.Model)._do_update
+_PLAIN = object()  # no fence decided by save()/delete() for this write
+
+
+def _claim_before_delete(sender: type[models.Model], instance: models.Model, using: str, **kwargs: Any) -> None:
+    """Every deletion of a fenced row (``delete()``, ``QuerySet.delete()``, a cascade) claims it first, in Django's
+    deletion transaction, before anything is deleted: with its lock's token (``StaleFenceToken`` if a newer holder
+    claimed it), else refused in strict mode (``UnfencedWrite``); plain with no lock in mode "on"."""
+    found = instance.__dict__.pop("_distlock_delete", _PLAIN)
+    if found is _PLAIN:
+        found = fence_of(instance)
+    if not isinstance(found, Fence):
+        return
+    guard = _guard(sender, using)
+    pk = getattr(instance, _owner(sender)._meta.pk.attname)
+    if _raw_update(guard.filter(pk=pk, fence_token__lte=found.token), fence_token=found.token) != 1:
+        raise _stale(sender, instance.pk, found.token, using, "fenced delete")
+
+
+def _prepare_fenced(sender: type[models.Model], **kwargs: Any) -> None:
+    """For each concrete fenced model: a base manager that refuses plain writes in strict mode (Django's own
+    writes through it: a reverse foreign key's ``add()``, ``on_delete=SET_NULL``), and the delete claim."""
+    if not issubclass(sender, FencedModel) or sender._meta.abstract or sender._meta.base_manager_name:
+        return
+    manager = FencedManager()
+    manager.name = "_base_manager"
+    manager.model = sender
+    manager.auto_created = True
+    sender._meta.__dict__["base_manager"] = manager
+    signals.pre_delete.connect(
+        _claim_before_delete, sender=sender, weak=False, dispatch_uid=f"distlock:{sender._meta.label}"
+    )
+
+
+signals.class_prepared.connect(_prepare_fenced, weak=False, dispatch_uid="distlock:fenced-models")
