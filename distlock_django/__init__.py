@@ -23,6 +23,7 @@ from ._client import get_client, reset_client
 from ._conf import conf, lock_name
 from ._decorators import distributed_lock
 from ._middleware import DistributedLockMiddleware
+from .operations import InstallFenceGuard
 
 if TYPE_CHECKING:
     from ._models import FencedManager, FencedModel, FencedQuerySet, fence_of
@@ -45,6 +46,7 @@ __all__ = [
     "FencedManager",
     "FencedModel",
     "FencedQuerySet",
+    "InstallFenceGuard",
     "conf",
     "distributed_lock",
     "fence_of",
