@@ -37,7 +37,10 @@ __all__ = ["InstallFenceGuard"]
 
 
 class InstallFenceGuard(Operation):
-    """Install the fence guard on ``model_name``'s table (``field`` is its token field); reversed, drop it."""
+    """Install the fence guard on the table holding ``model_name``'s ``field`` (its token); reversed, drop it.
+
+    For a multi-table inheritance child that is its parent's table: one guard per table is enough.
+    """
 
     reversible = True
     reduces_to_sql = True
@@ -85,7 +88,8 @@ class InstallFenceGuard(Operation):
             raise ConfigurationError(
                 f"InstallFenceGuard: {app_label}.{self.model_name} has no column {self.field!r} to guard"
             )
-        column = field.column
-        create, drop_statements = fence_guard_sql(schema_editor.connection.vendor, model._meta.db_table, column=column)
+        # The table that holds the column: a multi-table child's token lives in its parent's table.
+        table = field.model._meta.db_table
+        create, drop_statements = fence_guard_sql(schema_editor.connection.vendor, table, column=field.column)
         for statement in drop_statements if drop else create:
             schema_editor.execute(statement, params=None)  # no parameters: no placeholder processing

@@ -165,6 +165,47 @@ def test_unapplying_the_migration_removes_the_guard_and_installing_twice_is_fine
     assert model.objects.using(alias).values_list("fence_token", flat=True).get() == 4
 
 
+def test_a_multi_table_child_guards_its_parents_table(alias: str) -> None:
+    suffix = uuid.uuid4().hex[:8]
+
+    class Migration(migrations.Migration):
+        operations = [  # noqa: RUF012  # as Django writes migrations
+            migrations.CreateModel(
+                "Vehicle",
+                [("id", models.AutoField(primary_key=True)), ("fence_token", models.BigIntegerField(default=0))],
+                options={"db_table": f"guard_vehicle_{suffix}"},
+            ),
+            migrations.CreateModel(
+                "Car",
+                [
+                    (
+                        "vehicle_ptr",
+                        models.OneToOneField(
+                            "testapp.Vehicle", models.CASCADE, parent_link=True, primary_key=True, serialize=False
+                        ),
+                    ),
+                    ("seats", models.IntegerField(default=4)),
+                ],
+                options={"db_table": f"guard_car_{suffix}"},
+                bases=("testapp.vehicle",),
+            ),
+            InstallFenceGuard("Car"),
+        ]
+
+    migration = Migration("0003_guard", "testapp")
+    connection = connections[alias]
+    with connection.schema_editor() as editor:
+        state = migration.apply(ProjectState(), editor)
+    try:
+        car = state.apps.get_model("testapp", "Car").objects.using(alias).create(fence_token=5)
+        vehicles = connection.ops.quote_name(f"guard_vehicle_{suffix}")
+        with pytest.raises(_refusal(alias), match=REFUSED):
+            _raw(alias, f"UPDATE {vehicles} SET fence_token = 4 WHERE id = {car.pk}")
+    finally:
+        with connection.schema_editor() as editor:
+            migration.unapply(ProjectState(), editor)
+
+
 @pytest.mark.usefixtures("django_servers")
 @pytest.mark.parametrize("db_alias", ["default", "pg"], ids=["sqlite", "postgres"], indirect=True)
 def test_fenced_writes_still_land_under_the_guard(db_alias: str) -> None:
