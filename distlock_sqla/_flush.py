@@ -57,15 +57,16 @@ table (use the ``fenced_*`` helpers). Holding only other locks while flushing a 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Delete, Table, Update, event, inspect, select
+from sqlalchemy import Delete, Insert, Table, Update, event, inspect, select
 from sqlalchemy.engine import Connection, Engine, Result
-from sqlalchemy.orm import Mapper, ORMExecuteState, Session, object_session
-from sqlalchemy.orm.base import NO_VALUE
+from sqlalchemy.orm import InstanceState, Mapper, ORMExecuteState, Session, SessionTransaction, object_session
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.expression import BinaryExpression, BindParameter, ColumnElement
 
@@ -75,7 +76,7 @@ from ._errors import stale
 from ._mixin import FencedMixin
 from ._spec import FENCE_COLUMN, FenceSpec, fence_for_row, spec_of, table_spec
 
-__all__ = ["FENCED_OPTION", "STRICT"]
+__all__ = ["FENCED_OPTION", "STRICT", "note_read"]
 
 STRICT = "distlock_sqla.strict"
 """``session.info`` key: when true, every flush of a fenced object must be made inside its lock."""
@@ -84,6 +85,9 @@ FENCED_OPTION = "distlock_sqla_fenced"
 """Execution option marking the fenced helpers' own statements, which strict mode lets through."""
 
 _TOUCHED = "distlock_sqla.pending"
+_READ = "distlock_sqla.read"  # InstanceState.info: the token the object's loaded data was read with
+_FLUSHING = "distlock_sqla.flushing"  # Session.info: a unit-of-work flush is running
+_UNDO = "distlock_sqla.undo"  # Session.info: (transaction, state, read before) of each read a flush moved
 
 
 @dataclass
@@ -107,6 +111,9 @@ _pending: WeakKeyDictionary[Connection, _Rows] = WeakKeyDictionary()
 # A statement's primary-key bind parameter names, by statement (the ORM reuses one UPDATE/DELETE per mapper and table).
 _pk_binds: WeakKeyDictionary[Update | Delete, tuple[str, ...] | None] = WeakKeyDictionary()
 
+# The session each connection is working for (strict mode needs the session of a statement below the ORM).
+_sessions: WeakKeyDictionary[Connection, weakref.ref[Session]] = WeakKeyDictionary()
+
 
 def _strict(session: Session | None, spec: FenceSpec) -> bool:
     return spec.strict or bool(session is not None and session.info.get(STRICT))
@@ -117,30 +124,166 @@ def _describe(action: str, spec: FenceSpec, target: Any) -> str:
     return f"{action} of {spec.describe(identity if identity is not None else '(new)')}"
 
 
-def _read_token(target: Any) -> int | None:
-    value = inspect(target).attrs[FENCE_COLUMN].loaded_value
-    return None if value is NO_VALUE or value is None else int(value)
+# -- the token an object's data was read with -----------------------------------------------------------------------
 
 
-def _fence(spec: FenceSpec, target: Any, action: str, *, inserting: bool = False) -> Fence | None:
-    session = object_session(target)
-    values = {field: getattr(target, field) for field, _ in spec.fields}
-    unnamed = [field for field, value in values.items() if value is None]
-    if unnamed:
+def _note_load(state: InstanceState[Any], attrs: Iterable[str] | None) -> None:
+    """A load or refresh of ``state`` (of ``attrs``; None: all of it): note the token its data is now read with.
+
+    Kept in ``InstanceState.info``, which expiry does not touch and pickling keeps. A partial refresh that leaves
+    other values loaded keeps the earlier read: those values were read with it (the smaller: tokens only grow).
+    """
+    value = state.dict.get(FENCE_COLUMN)
+    if value is None:
+        if attrs is None:
+            state.info.pop(_READ, None)  # loaded without its token (deferred): the read is not known
+        return
+    if attrs is not None:
+        refreshed = set(attrs)
+        if any(prop.key in state.dict and prop.key not in refreshed for prop in state.mapper.column_attrs):
+            return
+    state.info[_READ] = int(value)
+
+
+@event.listens_for(FencedMixin, "load", propagate=True)
+def _loaded(target: Any, context: Any) -> None:
+    _note_load(inspect(target), None)
+
+
+@event.listens_for(FencedMixin, "refresh", propagate=True)
+def _refreshed(target: Any, context: Any, attrs: Iterable[str] | None) -> None:
+    _note_load(inspect(target), attrs)
+
+
+def _note_write(session: Session | None, state: InstanceState[Any], token: int) -> None:
+    """``state``'s row was just written with ``token``: that is its read now, unless the transaction rolls back."""
+    previous = state.info.get(_READ)
+    state.info[_READ] = token
+    if session is not None and previous != token:
+        session.info.setdefault(_UNDO, []).append((session._transaction, state, previous))
+
+
+def _undo_writes(session: Session, rolled_back: SessionTransaction) -> None:
+    """Give the objects written in ``rolled_back`` (or a transaction inside it) the reads they had before."""
+    kept = []
+    for transaction, state, previous in reversed(session.info.get(_UNDO, ())):
+        inside = transaction
+        while inside is not None and inside is not rolled_back:
+            inside = inside.parent
+        if inside is None:
+            kept.append((transaction, state, previous))
+        elif previous is None:
+            state.info.pop(_READ, None)
+        else:
+            state.info[_READ] = previous
+    session.info[_UNDO] = kept[::-1]
+
+
+def note_read(session: Session, obj: Any, token: int) -> None:
+    """``obj``'s row was written by a fenced helper with ``token`` (its values are expired): its read from now on."""
+    _note_write(session, inspect(obj), token)
+
+
+def _read(spec: FenceSpec, state: InstanceState[Any], connection: Connection) -> int | None:
+    """The token ``state``'s data was read with; if never known (its token was deferred), the row's, read now.
+
+    Read now, on the flush's connection, the write is still a compare-and-set: the statement matches only a row
+    that still carries it. None: the row is gone.
+    """
+    read = state.info.get(_READ)
+    if read is not None:
+        return int(read)
+    where = (column == value for column, value in zip(spec.pk_columns, state.identity or (), strict=True))
+    current = connection.execute(select(spec.fence_column).where(*where)).scalar()
+    return None if current is None else int(current)
+
+
+# -- which lock guards the row, before and after the write --------------------------------------------------------
+
+
+def _name(spec: FenceSpec, values: Mapping[str, Any]) -> str | None:
+    """The lock name of a row with ``values``; None when a field is unset (a new row's server-generated key)."""
+    return None if any(value is None for value in values.values()) else spec.lock_name(values)
+
+
+def _stored_values(spec: FenceSpec, state: InstanceState[Any], connection: Connection) -> dict[str, Any]:
+    """The template fields of ``state``'s row as stored (before this flush's changes): what names its lock now."""
+    identity = dict(zip(spec.pk_keys, state.identity or (), strict=True))
+    values: dict[str, Any] = {}
+    unknown = []
+    for field, _ in spec.fields:
+        if field in identity:
+            values[field] = identity[field]
+            continue
+        history = state.attrs[field].history
+        if history.deleted:
+            values[field] = history.deleted[0]
+        elif history.unchanged:
+            values[field] = history.unchanged[0]
+        elif history.added:
+            unknown.append(field)  # set while not loaded: what it replaces is only in the row
+        else:
+            values[field] = getattr(state.obj(), field)  # neither loaded nor set: loads it
+    if unknown:
+        exprs = [expr for field, expr in spec.fields if field in unknown]
+        where = (column == value for column, value in zip(spec.pk, state.identity or (), strict=True))
+        found = connection.execute(select(*exprs).where(*where)).one_or_none()
+        values.update(zip(unknown, found or (None,) * len(unknown), strict=True))
+    return values
+
+
+def _fence_named(
+    spec: FenceSpec, name: str | None, session: Session | None, what: Callable[[], str], *, inserting: bool = False
+) -> Fence | None:
+    if name is None:
         # Only a new row can lack its key (a server-generated id): it cannot be locked before it exists.
         if _strict(session, spec):
             raise UnfencedWrite(
-                f"{_describe(action, spec, target)}: its lock {spec.template.template!r} cannot be named before "
-                f"{', '.join(unnamed)} is set, and strict mode refuses unfenced writes. Set it before the flush"
+                f"{what()}: its lock {spec.template.template!r} cannot be named before the fields it is made of are "
+                "set, and strict mode refuses unfenced writes. Set them before the flush"
             )
         return None
-    return fence_for_row(
-        spec.lock_name(values),
-        None,
-        what=lambda: _describe(action, spec, target),
-        required=_strict(session, spec),
-        inserting=inserting,
-    )
+    return fence_for_row(name, None, what=what, required=_strict(session, spec), inserting=inserting)
+
+
+def _guard(
+    connection: Connection,
+    session: Session | None,
+    spec: FenceSpec,
+    state: InstanceState[Any],
+    action: str,
+    written: InstanceState[Any] | None = None,
+) -> None:
+    """Fence the flush's UPDATE (of ``written``'s values) or DELETE (``written`` None) of ``state``'s row.
+
+    The row's lock is named from the row as stored; an update that changes a field of the name moves the row to
+    another lock and needs both (the fence of the lock held here of each name, ``LockNotOwned`` if one is
+    missing). The statement SQLAlchemy emits compares ``fence_token`` with the token the object was read with
+    (:func:`_read`), made its committed value here; a read newer than a fence's token is refused before anything is
+    written. The row is written with the destination lock's token, or, outside any lock, keeps its token.
+    """
+    target = state.obj()
+
+    def what() -> str:
+        return _describe(action, spec, target)
+
+    stored = _name(spec, _stored_values(spec, state, connection))
+    fences = [_fence_named(spec, stored, session, what)]
+    if written is not None:
+        destination = _name(spec, {field: getattr(written.obj(), field) for field, _ in spec.fields})
+        if destination != stored:
+            fences.append(_fence_named(spec, destination, session, what))
+    read = _read(spec, state, connection)
+    fence = fences[-1]
+    for held in fences:
+        if held is not None and read is not None and read > held.token:
+            raise stale(what(), held.token, target, read, family=spec.template.template, lock=held.name)
+    if read is not None:
+        set_committed_value(target, FENCE_COLUMN, read)
+        if written is not None:
+            setattr(written.obj(), FENCE_COLUMN, read if fence is None else fence.token)
+    delete = written is None
+    _expect(session, connection, _Expected(spec.table, target, spec, fence, read, delete=delete))
 
 
 def _expect(session: Session | None, connection: Connection, expected: _Expected) -> None:
@@ -158,43 +301,57 @@ def _expect(session: Session | None, connection: Connection, expected: _Expected
             touched.append(pending)
 
 
-def _refuse_newer_read(spec: FenceSpec, target: Any, action: str, fence: Fence, read: int | None) -> None:
-    if read is not None and read > fence.token:
-        raise stale(
-            _describe(action, spec, target), fence.token, target, read, family=spec.template.template, lock=fence.name
-        )
-
-
 @event.listens_for(FencedMixin, "before_update", propagate=True)
 def _before_update(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
     session = object_session(target)
     if session is not None and not session.is_modified(target, include_collections=False):
         return  # no net change: SQLAlchemy emits no UPDATE, and a claim is not our business here
-    spec = spec_of(target)
-    read = _read_token(target)
-    fence = _fence(spec, target, "update")
-    if fence is not None:
-        _refuse_newer_read(spec, target, "update", fence, read)
-        target.fence_token = fence.token
-    _expect(session, connection, _Expected(spec.table, target, spec, fence, read, delete=False))
+    state = inspect(target)
+    _guard(connection, session, spec_of(target), state, "update", written=state)
 
 
 @event.listens_for(FencedMixin, "before_delete", propagate=True)
 def _before_delete(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
-    spec = spec_of(target)
-    read = _read_token(target)
-    fence = _fence(spec, target, "delete")
-    if fence is not None:
-        _refuse_newer_read(spec, target, "delete", fence, read)
-    _expect(object_session(target), connection, _Expected(spec.table, target, spec, fence, read, delete=True))
+    _guard(connection, object_session(target), spec_of(target), inspect(target), "delete")
 
 
 @event.listens_for(FencedMixin, "before_insert", propagate=True)
 def _before_insert(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
     spec = spec_of(target)
-    fence = _fence(spec, target, "insert", inserting=True)
+    session = object_session(target)
+    replaced = _replaced(session, mapper, target)
+    if replaced is not None:
+        # delete(old) + add(new) with old's key in one flush: SQLAlchemy writes it as an UPDATE of old's row.
+        _guard(connection, session, spec, replaced, "update", written=inspect(target))
+        return
+    values = {field: getattr(target, field) for field, _ in spec.fields}
+    fence = _fence_named(spec, _name(spec, values), session, lambda: _describe("insert", spec, target), inserting=True)
     if fence is not None:
         target.fence_token = fence.token
+
+
+def _replaced(session: Session | None, mapper: Mapper[Any], target: Any) -> InstanceState[Any] | None:
+    """The state of an object deleted in this flush that ``target``, a new object with its key, replaces."""
+    if session is None:
+        return None
+    existing = session.identity_map.get(mapper.identity_key_from_instance(target))
+    if existing is None or existing is target or existing not in session.deleted:
+        return None
+    replaced: InstanceState[Any] = inspect(existing)
+    return replaced
+
+
+@event.listens_for(FencedMixin, "after_update", propagate=True)
+def _after_update(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
+    state = inspect(target)
+    token = state.dict.get(FENCE_COLUMN)
+    if token is not None:
+        _note_write(object_session(target), state, int(token))
+
+
+@event.listens_for(FencedMixin, "after_insert", propagate=True)
+def _after_insert(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
+    _after_update(mapper, connection, target)
 
 
 def _pk_bind_names(statement: Update | Delete, columns: Sequence[ColumnElement[Any]]) -> tuple[str, ...] | None:
@@ -302,18 +459,37 @@ def _stale(expected: _Expected, current: int | None) -> Exception:
     )
 
 
+@event.listens_for(Session, "before_flush")
+def _flushing(session: Session, flush_context: Any, instances: Any) -> None:
+    session.info[_FLUSHING] = True  # a unit-of-work flush (the bulk methods flag themselves "flushing" too)
+
+
 @event.listens_for(Session, "after_flush_postexec")
 def _flushed(session: Session, flush_context: Any) -> None:
     _forget(session)
 
 
 @event.listens_for(Session, "after_soft_rollback")
-def _rolled_back(session: Session, previous_transaction: Any) -> None:
+def _rolled_back(session: Session, previous_transaction: SessionTransaction) -> None:
     _forget(session)
+    if session.info.get(_UNDO):
+        _undo_writes(session, previous_transaction)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:
+        session.info.pop(_UNDO, None)  # committed for good, or rolled back (and undone above)
+
+
+@event.listens_for(Session, "after_begin")
+def _began(session: Session, transaction: SessionTransaction, connection: Connection) -> None:
+    _sessions[connection] = weakref.ref(session)
 
 
 def _forget(session: Session) -> None:
     """Drop what a flush expected but did not emit (it failed part-way), so no later statement is judged by it."""
+    session.info.pop(_FLUSHING, None)
     for pending in session.info.pop(_TOUCHED, ()):
         pending.clear()
 
@@ -332,4 +508,36 @@ def _refuse_unfenced_statements(state: ORMExecuteState) -> None:
         raise UnfencedWrite(
             f"{kind} of fenced {spec.label} through session.execute() is not fenced, and strict mode refuses it: "
             "use distlock_sqla.fenced_update / fenced_delete / fenced_insert inside the rows' locks"
+        )
+
+
+@event.listens_for(Engine, "before_execute")
+def _refuse_plain_writes(
+    conn: Connection,
+    clauseelement: Any,
+    multiparams: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    execution_options: Mapping[str, Any],
+) -> None:
+    """Strict mode, below the ORM: a write to a fenced table that is neither a fenced flush nor a fenced helper.
+
+    What reaches here without passing ``do_orm_execute``: the session's bulk methods (``bulk_save_objects``,
+    ``bulk_insert_mappings``, ``bulk_update_mappings``), Core statements on the session's connection, and Core
+    statements on any connection to a table declared strict.
+    """
+    if not isinstance(clauseelement, Insert | Update | Delete) or execution_options.get(FENCED_OPTION):
+        return
+    spec = table_spec(clauseelement.table)
+    if spec is None:
+        return
+    ref = _sessions.get(conn)
+    session = None if ref is None else ref()
+    if session is not None and session.info.get(_FLUSHING):
+        return  # the flush's own statements, fenced object by object above
+    if _strict(session, spec):
+        kind = type(clauseelement).__name__.upper()
+        raise UnfencedWrite(
+            f"{kind} of fenced {spec.label} outside a flush and outside the fenced helpers (a bulk method or a Core "
+            "statement) is not fenced, and strict mode refuses it: flush objects, or use "
+            "distlock_sqla.fenced_update / fenced_delete / fenced_insert inside the rows' locks"
         )

@@ -40,12 +40,12 @@ from sqlalchemy import Select, delete, insert, select, update
 from sqlalchemy.engine import Connection, Result
 from sqlalchemy.exc import NoResultFound
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.expression import ColumnElement, Executable
+from sqlalchemy.sql.expression import ClauseElement, ColumnElement, Executable
 
 from distlock import ConfigurationError, Fence
 
 from ._errors import StaleFenceToken, stale
-from ._flush import FENCED_OPTION
+from ._flush import FENCED_OPTION, note_read
 from ._spec import FenceLike, FenceSpec, required_fence, spec_of, table_spec
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ def _claim(executor: Executor, statement: Select[*_Ts], fence: FenceLike) -> Res
     names = _names(executor, spec, keys)
     if names:
         _claim_rows(executor, spec, names, fence)
-    final = statement.where(spec.pk_matches(list(names)))
+    # The rows are chosen (limit, offset and all) by the read of their keys: the final read takes exactly those.
+    final = statement.limit(None).offset(None).where(spec.pk_matches(list(names)))
     return executor.execute(final, execution_options={"populate_existing": True})
 
 
@@ -184,9 +185,9 @@ def _can_return(session: Session, spec: FenceSpec) -> bool:
 def _claim_rows(
     executor: Executor, spec: FenceSpec, names: dict[PK, str], fence: FenceLike, *, missing_is_error: bool = True
 ) -> None:
-    def claim_statement(pks: Sequence[PK], token: int) -> Executable:
+    def claim_statement(pks: Sequence[PK], bound: int, token: int) -> Executable:
         matches = spec.pk_matches(pks, on_table=True)
-        return update(spec.table).where(matches, spec.fence_column <= token).values({spec.fence_column: token})
+        return update(spec.table).where(matches, spec.fence_column <= bound).values({spec.fence_column: token})
 
     _write(executor, spec, names, fence, "claim", claim_statement, missing_is_error=missing_is_error)
 
@@ -217,19 +218,37 @@ def _fenced_update(
 ) -> int:
     spec = spec_of(target)
     assignments = _columns(spec, values)
-    names = _names(executor, spec, select(*spec.pk, *(expr for _, expr in spec.fields)).where(*where))
+    moved = _moved_fields(spec, assignments)
+    rows = _rows(executor, spec, select(*spec.pk, *(expr for _, expr in spec.fields)).where(*where))
+    names = {pk: spec.lock_name(fields) for pk, fields in rows.items()}
+    # A row whose lock name changes moves to another lock: the write needs the lock it leaves and the one it joins.
+    destinations = {pk: spec.lock_name({**fields, **moved}) for pk, fields in rows.items()} if moved else None
 
-    def update_statement(pks: Sequence[PK], token: int) -> Executable:
+    def update_statement(pks: Sequence[PK], bound: int, token: int) -> Executable:
         matches = spec.pk_matches(pks, on_table=True)
         return (
             update(spec.table)
-            .where(matches, spec.fence_column <= token)
+            .where(matches, spec.fence_column <= bound)
             .values({**assignments, spec.fence_column: token})
         )
 
-    count = _write(executor, spec, names, fence, "update", update_statement)
-    _expire(executor, spec, names)
+    count, tokens = _write(executor, spec, names, fence, "update", update_statement, destinations=destinations)
+    _expire(executor, spec, tokens)
     return count
+
+
+def _moved_fields(spec: FenceSpec, assignments: Mapping[Any, Any]) -> dict[str, Any]:
+    """The fields of the lock template that ``assignments`` (by column) set, with their new values."""
+    by_key = {column.key: value for column, value in assignments.items()}
+    moved = {field: by_key[field] for field, _ in spec.fields if field in by_key}
+    expressions = [field for field, value in moved.items() if isinstance(value, ClauseElement)]
+    if expressions:
+        raise ConfigurationError(
+            f"fenced_update of {spec.label} sets {', '.join(expressions)}, which the rows' lock "
+            f"{spec.template.template!r} is named from, to an SQL expression: the lock the rows move to must be known "
+            "before the write. Pass a value"
+        )
+    return moved
 
 
 @overload
@@ -248,11 +267,11 @@ def _fenced_delete(executor: Executor, target: Any, where: Sequence[Any], fence:
     spec = spec_of(target)
     names = _names(executor, spec, select(*spec.pk, *(expr for _, expr in spec.fields)).where(*where))
 
-    def delete_statement(pks: Sequence[PK], token: int) -> Executable:
-        return delete(spec.table).where(spec.pk_matches(pks, on_table=True), spec.fence_column <= token)
+    def delete_statement(pks: Sequence[PK], bound: int, token: int) -> Executable:
+        return delete(spec.table).where(spec.pk_matches(pks, on_table=True), spec.fence_column <= bound)
 
-    count = _write(executor, spec, names, fence, "delete", delete_statement)
-    _expire(executor, spec, names, deleted=True)
+    count, tokens = _write(executor, spec, names, fence, "delete", delete_statement)
+    _expire(executor, spec, tokens, deleted=True)
     return count
 
 
@@ -333,15 +352,20 @@ def _spec_of_select(statement: Select[*tuple[Any, ...]]) -> FenceSpec:
     return found[0]
 
 
-def _names(executor: Executor, spec: FenceSpec, keys: Select[*tuple[Any, ...]]) -> dict[PK, str]:
-    """Primary key -> lock name of each row ``keys`` (pk columns, then template fields) returns, in order."""
+def _rows(executor: Executor, spec: FenceSpec, keys: Select[*tuple[Any, ...]]) -> dict[PK, dict[str, Any]]:
+    """Primary key -> template fields of each row ``keys`` (pk columns, then template fields) returns, in order."""
     width = len(spec.pk)
-    names: dict[PK, str] = {}
+    rows: dict[PK, dict[str, Any]] = {}
     for row in executor.execute(keys):
         pk = tuple(row[:width])
-        if pk not in names:
-            names[pk] = spec.lock_name({field: row[width + i] for i, (field, _) in enumerate(spec.fields)})
-    return names
+        if pk not in rows:
+            rows[pk] = {field: row[width + i] for i, (field, _) in enumerate(spec.fields)}
+    return rows
+
+
+def _names(executor: Executor, spec: FenceSpec, keys: Select[*tuple[Any, ...]]) -> dict[PK, str]:
+    """Primary key -> lock name of each row ``keys`` (pk columns, then template fields) returns, in order."""
+    return {pk: spec.lock_name(fields) for pk, fields in _rows(executor, spec, keys).items()}
 
 
 def _write(
@@ -350,31 +374,43 @@ def _write(
     names: dict[PK, str],
     fence: FenceLike,
     action: str,
-    statement: Callable[[Sequence[PK], int], Executable],
+    statement: Callable[[Sequence[PK], int, int], Executable],
     *,
     missing_is_error: bool = True,
-) -> int:
-    """Run ``statement(pks, token)`` per lock name and chunk; all or nothing; ``StaleFenceToken`` on a short count."""
-    groups: dict[str, list[PK]] = {}
+    destinations: Mapping[PK, str] | None = None,
+) -> tuple[int, dict[PK, int]]:
+    """Run ``statement(pks, bound, token)`` per lock name and chunk, all or nothing: the rows written and the token
+    each was written with. ``StaleFenceToken`` on a short count.
+
+    A row written with ``token`` must carry no token above ``bound``: its lock's token, or for a row moving to the
+    lock ``destinations`` names, the smaller of the two locks' tokens (it is written with the destination's: a
+    row's token never goes down).
+    """
+    groups: dict[tuple[str, str], list[PK]] = {}
     fences: dict[str, Fence] = {}
     for pk, name in names.items():
-        if name not in fences:
-            fences[name] = required_fence(name, fence, what=f"{action} of {spec.describe(pk)}")
-        groups.setdefault(name, []).append(pk)
+        route = (name, name if destinations is None else destinations[pk])
+        for each in route:
+            if each not in fences:
+                fences[each] = required_fence(each, fence, what=f"{action} of {spec.describe(pk)}")
+        groups.setdefault(route, []).append(pk)
     done = 0
+    tokens: dict[PK, int] = {}
     with _all_or_nothing(executor, len(names) > 1):
-        for name, pks in groups.items():
-            token = fences[name].token
+        for (name, destination), pks in groups.items():
+            token = fences[destination].token
+            bound = min(fences[name].token, token)
             for start in range(0, len(pks), _CHUNK):
                 chunk = pks[start : start + _CHUNK]
-                matched = _execute(executor, statement(chunk, token)).rowcount  # type: ignore[attr-defined]
+                matched = _execute(executor, statement(chunk, bound, token)).rowcount  # type: ignore[attr-defined]
                 if matched != len(chunk):
                     if not missing_is_error and len(names) == 1:
-                        _raise_if_stale(executor, spec, chunk, token, action, name)
-                        return 0
-                    raise _stale_rows(executor, spec, chunk, token, action, name)
+                        _raise_if_stale(executor, spec, chunk, bound, action, name)
+                        return 0, {}
+                    raise _stale_rows(executor, spec, chunk, bound, action, name)
                 done += matched
-    return done
+                tokens.update(dict.fromkeys(chunk, token))
+    return done, tokens
 
 
 def _current_tokens(executor: Executor, spec: FenceSpec, pks: Sequence[PK]) -> dict[PK, int]:
@@ -436,11 +472,12 @@ def _columns(spec: FenceSpec, values: Mapping[Any, Any]) -> dict[Any, Any]:
     return columns
 
 
-def _expire(executor: Executor, spec: FenceSpec, names: dict[PK, str], *, deleted: bool = False) -> None:
-    """Make objects of the written rows that the session holds reflect the database: expired, or gone if deleted."""
+def _expire(executor: Executor, spec: FenceSpec, tokens: dict[PK, int], *, deleted: bool = False) -> None:
+    """Make objects of the written rows that the session holds reflect the database: expired (read, from now on,
+    with the token written), or gone if deleted."""
     if not isinstance(executor, Session) or spec.model is None:
         return
-    for pk in names:
+    for pk, token in tokens.items():
         key = executor.identity_key(spec.model, pk)
         obj = executor.identity_map.get(key)
         if obj is None:
@@ -449,3 +486,4 @@ def _expire(executor: Executor, spec: FenceSpec, names: dict[PK, str], *, delete
             executor.expunge(obj)
         else:
             executor.expire(obj)
+            note_read(executor, obj, token)
