@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -41,17 +42,23 @@ REFUSED = "distlock fence guard: refused an UPDATE lowering"
 
 
 def _load_mysql_backend_on_pymysql() -> None:
-    """Import Django's MySQL backend with PyMySQL standing in for mysqlclient when mysqlclient is missing."""
+    """Import Django's MySQL backend with PyMySQL standing in for mysqlclient when mysqlclient is missing.
+
+    What ``pymysql.install_as_MySQLdb()`` does, on a copy of the module: the submodules Django imports as
+    ``MySQLdb.*`` are loaded again under that name and set as attributes of their parent, which must not be
+    PyMySQL itself (``pymysql.err`` would then no longer hold the exceptions PyMySQL raises).
+    """
     if importlib.util.find_spec("MySQLdb") is not None:
         return
-    saved = pymysql.version_info
-    pymysql.install_as_MySQLdb()
-    pymysql.version_info = (2, 2, 1, "final", 0)  # Django's minimum mysqlclient; read once, at import
+    shim = types.ModuleType("MySQLdb")
+    shim.__dict__.update({k: v for k, v in vars(pymysql).items() if k not in ("__name__", "__spec__", "__loader__")})
+    shim.version_info = (2, 2, 1, "final", 0)  # type: ignore[attr-defined]  # Django's minimum mysqlclient
+    sys.modules["MySQLdb"] = shim
     try:
         import django.db.backends.mysql.base  # noqa: F401
     finally:
-        pymysql.version_info = saved
-        del sys.modules["MySQLdb"]
+        for name in [name for name in sys.modules if name == "MySQLdb" or name.startswith("MySQLdb.")]:
+            del sys.modules[name]
 
 
 @pytest.fixture(params=["default", "pg", "mariadb"], ids=["sqlite", "postgres", "mariadb"])
