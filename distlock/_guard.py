@@ -46,8 +46,14 @@ FENCE_GUARD_MESSAGE = "distlock fence guard:"
 
 _PREFIX = "distlock_fence_guard_"
 _MAX_NAME = 63  # PostgreSQL's identifier limit (MySQL's is 64)
-_DIALECTS = {"postgresql": "postgresql", "postgres": "postgresql", "sqlite": "sqlite", "mysql": "mysql"}
-_DIALECTS["mariadb"] = "mysql"
+# Database names as SQLAlchemy's dialects and Django's vendors spell them -> the SQL written for them.
+_DIALECTS = {
+    "postgresql": "postgresql",
+    "postgres": "postgresql",
+    "sqlite": "sqlite",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+}
 _BODY_TAG = "$distlock_fence_guard$"
 
 
