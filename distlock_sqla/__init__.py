@@ -18,7 +18,8 @@ passed to someone else::
 
 Never imports Django, and uses only public names of :mod:`distlock`. Works with ``Session``/``Connection`` and
 ``AsyncSession``/``AsyncConnection``. ``_mixin`` declares fenced models, ``_spec`` fenced tables and the fence
-policy, ``_flush`` the fenced ORM flush, ``_ops`` the claim and the ``fenced_*`` helpers.
+policy, ``_flush`` the fenced ORM flush, ``_ops`` the claim and the ``fenced_*`` helpers, ``_guard`` the storage-level
+guard (a trigger refusing any UPDATE that lowers ``fence_token``).
 
 What can go wrong: a model or table that cannot be fenced fails when it is declared (``ConfigurationError``,
 ``InvalidKeyTemplate``); a write the database refuses raises :class:`StaleFenceToken`; a write under another lock's

@@ -3,12 +3,24 @@
 Mapper events on ``FencedMixin`` (``propagate=True``) run inside every flush, sync or async (``AsyncSession`` flushes
 in a greenlet that runs in the awaiting task's context, so the lock held by ``async with`` is visible there):
 
-- **UPDATE** of a modified object: its row's lock name is rendered from the object; the innermost held lock of
-  that name gives the token ``t``, which is written into ``fence_token``. The statement is SQLAlchemy's own versioned
-  UPDATE: ``SET ..., fence_token = :t WHERE pk = :pk AND fence_token = :read`` where ``:read`` is the token the
-  object was loaded with, and the flush refuses an object read with a token newer than ``t`` before writing.
+- **UPDATE** of a modified object: its row's lock name is rendered from the row *as stored*; the innermost held lock
+  of that name gives the token ``t``, which is written into ``fence_token``. The statement is SQLAlchemy's own
+  versioned UPDATE: ``SET ..., fence_token = :t WHERE pk = :pk AND fence_token = :read``, where ``:read`` is the
+  token the object's data was read with, and the flush refuses an object read with a token newer than ``t`` before
+  writing. Changing a field the lock name is made of moves the row to another lock: both locks must be held here
+  (``LockNotOwned`` otherwise), the read must be no newer than either token, and the row gets the destination's.
 - **DELETE**: the same check, ``WHERE fence_token = :read``.
-- **INSERT**: stores ``t`` (or 0 outside the lock).
+- **INSERT**: stores ``t`` (or 0 outside the lock). A delete and an add of the same key in one flush, which
+  SQLAlchemy writes as one UPDATE of the old row ("row switch"), is fenced as an update of the old row.
+
+``:read`` is never a value SQLAlchemy may have thrown away. Expiry (``expire_on_commit``, ``expire()``, a rollback)
+discards the object's loaded ``fence_token``, and SQLAlchemy would load the row's *current* token for the WHERE,
+making any write pass. So the token each object's data was read with is noted on its ``InstanceState.info`` by the
+``load``/``refresh`` events and by each write: expiry leaves it, pickling and detaching keep it, a partial refresh
+that leaves older values loaded keeps the older read, and a rolled-back transaction (a SAVEPOINT, a failed flush)
+restores what it was before the writes it undoes. Only an object whose token was never loaded (``defer()``) has
+no read: its row's token is read in the flush's own transaction, checked against ``t``, and the statement then
+compares with that, so nothing written in between slips through (for an unfenced write, that is a plain write).
 
 Why ``= :read`` and not only ``<= :t``: ``<= :t`` alone is a write-only guard, and it loses updates: a holder that
 read, paused past its lease, and writes after a newer holder read the same row (and before it wrote) would pass it,
@@ -50,8 +62,11 @@ the same table (say, from a listener) is taken for the flush's only if it passes
 parameter, and is then judged by that row's token read back, never by its position.
 
 Strict mode (``fence_strict = True`` on the model, or ``session.info[STRICT] = True``) raises ``UnfencedWrite`` for
-a flush of a fenced object outside its lock, and for ``session.execute(update/delete/insert)`` on a fenced model or
-table (use the ``fenced_*`` helpers). Holding only other locks while flushing a fenced object is ``LockNotOwned``.
+a flush of a fenced object outside its lock, for ``session.execute(update/delete/insert)`` on a fenced model or
+table (use the ``fenced_*`` helpers), and, below the ORM, for the session's bulk methods and Core statements on its
+connection (a ``before_execute`` listener that knows each connection's session from ``after_begin``). Holding only
+other locks while flushing a fenced object is ``LockNotOwned``. Outside strict mode those statements are plain
+writes; docs/integrations/sqlalchemy.md has the table of which writes are fenced, claimed or plain.
 """
 
 from __future__ import annotations

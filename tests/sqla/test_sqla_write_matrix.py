@@ -35,7 +35,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from sqla.conftest import Database, _postgres_url
-from sqla.models import Account, Base, Counter
+from sqla.models import Account, Base, Car, Counter
 from sqlalchemy import Engine, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, defer, make_transient_to_detached, sessionmaker
@@ -76,16 +76,32 @@ _READ_UNKNOWN = {"refreshed", "deferred"}
 
 
 @dataclass(frozen=True)
+class Target:
+    """A fenced model and the column the writes change."""
+
+    model: Any
+    column: str
+
+
+TARGETS = {
+    "counter": Target(Counter, "value"),
+    # Joined-table inheritance: fence_token is in the base table, the column written in the child's.
+    "car": Target(Car, "seats"),
+}
+
+
+@dataclass(frozen=True)
 class Cell:
     api: str
     state: str
     writer: str
     mode: str
     flavour: str
+    target: str = "counter"
 
     @property
     def id(self) -> str:
-        return "-".join((self.api, self.state, self.writer, self.mode, self.flavour))
+        return "-".join((self.target, self.api, self.state, self.writer, self.mode, self.flavour))
 
 
 def _cells() -> Iterator[Cell]:
@@ -93,8 +109,12 @@ def _cells() -> Iterator[Cell]:
         if state == "savepoint_rolled_back" and writer == "nolock":
             continue  # preparing it writes inside the savepoint, which needs the lock
         yield Cell(api, state, writer, mode, flavour)
+        if flavour == "sync":
+            yield Cell(api, state, writer, mode, flavour, "car")
     for api, writer, mode, flavour in itertools.product(ROW_APIS, WRITERS, MODES, FLAVOURS):
         yield Cell(api, "-", writer, mode, flavour)
+        if api in ("merge", "claim_one", "claim") and flavour == "sync":
+            yield Cell(api, "-", writer, mode, flavour, "car")
 
 
 CELLS = list(_cells())
@@ -224,13 +244,15 @@ class Handle:
 # -- one cell -------------------------------------------------------------------------------------------------------
 
 
-def row(engine: Engine, row_id: int) -> tuple[int, int] | None:
+def row(engine: Engine, row_id: int, target: Target = TARGETS["counter"]) -> tuple[int, int] | None:
+    model = target.model
     with engine.connect() as conn:
-        found = conn.execute(select(Counter.value, Counter.fence_token).where(Counter.id == row_id)).one_or_none()
-        return None if found is None else (found.value, found.fence_token)
+        query = select(getattr(model, target.column), model.fence_token).where(model.id == row_id)
+        found = conn.execute(query).one_or_none()
+        return None if found is None else (found[0], found[1])
 
 
-def newer_holder_claims(client: distlock.Client, engine: Engine, name: str, row_id: int) -> int:
+def newer_holder_claims(client: distlock.Client, engine: Engine, name: str, row_id: int, target: Target) -> int:
     """B, in a thread of its own (no lock of this thread's context), takes the lock and claims the row: its token."""
     result: list[int] = []
     failure: list[BaseException] = []
@@ -238,8 +260,8 @@ def newer_holder_claims(client: distlock.Client, engine: Engine, name: str, row_
     def b() -> None:
         try:
             with client.lock(name, ttl=30, timeout=10) as lock, Session(engine) as session:
-                found = claim_one(session, Counter, row_id)
-                found.value = 20
+                found = claim_one(session, target.model, row_id)
+                setattr(found, target.column, 20)
                 session.commit()
                 result.append(lock.token)
         except BaseException as exc:  # handed to the test thread
@@ -263,9 +285,10 @@ def keep_loaded(session: Session) -> None:
 def prepare(cell: Cell, side: Side, row_id: int, held: bool) -> tuple[Handle, Any]:
     """The session and object A (or C) will write, in the cell's state; every transaction is ended."""
     handle = side.open()
+    model = TARGETS[cell.target].model
 
     def read(session: Session) -> Any:
-        found = claim_one(session, Counter, row_id) if held else session.get(Counter, row_id)
+        found = claim_one(session, model, row_id) if held else session.get(model, row_id)
         if cell.state in {"expired_by_commit", "detached_expired"}:
             session.commit()
         else:
@@ -276,13 +299,13 @@ def prepare(cell: Cell, side: Side, row_id: int, held: bool) -> tuple[Handle, An
         if held:
 
             def claim_first(session: Session) -> None:
-                claim_one(session, Counter, row_id)
+                claim_one(session, model, row_id)
                 session.commit()
 
             handle.do(claim_first)
 
         def read_deferred(session: Session) -> Any:
-            found = session.scalars(select(Counter).where(Counter.id == row_id).options(defer(Counter.fence_token)))
+            found = session.scalars(select(model).where(model.id == row_id).options(defer(model.fence_token)))
             obj = found.one()
             keep_loaded(session)
             return obj
@@ -320,30 +343,31 @@ def current(session: Session, row_id: int) -> int:
 
 def write(cell: Cell, handle: Handle, obj: Any, row_id: int) -> None:
     """The write under test, committed."""
+    model, column = TARGETS[cell.target].model, TARGETS[cell.target].column
 
     def step(session: Session) -> None:
         api = cell.api
         if api == "update":
-            obj.value = 999
+            setattr(obj, column, 999)
         elif api == "delete":
             session.delete(obj)
         elif api == "delete_add":
             session.delete(obj)
-            session.add(Counter(id=row_id, value=999))
+            session.add(model(id=row_id, **{column: 999}))
         elif api == "merge":
-            session.merge(Counter(id=row_id, value=999))
+            session.merge(model(id=row_id, **{column: 999}))
         elif api == "claim_one":
-            claim_one(session, Counter, row_id)
+            claim_one(session, model, row_id)
         elif api == "claim":
-            claim(session, select(Counter).where(Counter.id == row_id)).all()
+            claim(session, select(model).where(model.id == row_id)).all()
         elif api == "fenced_update":
-            fenced_update(session, Counter, {"value": 999}, Counter.id == row_id)
+            fenced_update(session, model, {column: 999}, model.id == row_id)
         elif api == "fenced_delete":
-            fenced_delete(session, Counter, Counter.id == row_id)
+            fenced_delete(session, model, model.id == row_id)
         elif api == "orm_update":
-            session.execute(update(Counter).where(Counter.id == row_id).values(value=999))
+            session.execute(update(model).where(model.id == row_id).values({column: 999}))
         elif api == "orm_delete":
-            session.execute(delete(Counter).where(Counter.id == row_id))
+            session.execute(delete(model).where(model.id == row_id))
         elif api == "bulk_update_mappings":
             # SQLAlchemy's versioning: a bulk update of a versioned model names each row's version (token).
             mapping = {"id": row_id, "value": 999, "fence_token": current(session, row_id)}
@@ -368,10 +392,12 @@ def write(cell: Cell, handle: Handle, obj: Any, row_id: int) -> None:
 
 
 def run_cell(cell: Cell, db: Database, engine: Engine, client: distlock.Client) -> None:
+    target = TARGETS[cell.target]
     row_id = secrets.randbelow(2**31 - 2) + 1
-    name = f"counter:{row_id}"
-    with engine.begin() as conn:
-        conn.execute(insert(Counter).values(id=row_id, value=10, fence_token=0))
+    name = target.model.__fence_spec__.lock_name({"id": row_id})
+    with Session(engine) as seeding:
+        seeding.add(target.model(id=row_id, **{target.column: 10}))  # no lock held: stored with token 0
+        seeding.commit()
     lock = None if cell.writer == "nolock" else client.lock(name, ttl=30, timeout=10)
     if lock is not None:
         lock.acquire()  # before the async flavour's event loop starts: its tasks see the lock held here
@@ -382,7 +408,7 @@ def run_cell(cell: Cell, db: Database, engine: Engine, client: distlock.Client) 
             if cell.writer != "holder":
                 if lock is not None:
                     assert client.force_release(name, lock.token)
-                newer = newer_holder_claims(client, engine, name, row_id)
+                newer = newer_holder_claims(client, engine, name, row_id, target)
                 assert token is None or newer > token
             if cell.state == "refreshed":
 
@@ -391,7 +417,7 @@ def run_cell(cell: Cell, db: Database, engine: Engine, client: distlock.Client) 
                     keep_loaded(session)
 
                 handle.do(refresh)
-            before = row(engine, row_id)
+            before = row(engine, row_id, target)
             assert before is not None
             outcome = LANDED
             try:
@@ -401,7 +427,7 @@ def run_cell(cell: Cell, db: Database, engine: Engine, client: distlock.Client) 
             finally:
                 with contextlib.suppress(Exception):
                     handle.close()
-            after = row(engine, row_id)
+            after = row(engine, row_id, target)
         finally:
             if lock is not None:
                 with contextlib.suppress(distlock.DistlockError):
