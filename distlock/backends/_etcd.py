@@ -18,8 +18,9 @@ leader, and the caller is handed that read instead of making another.
 Semaphores and read/write locks share the queue (``_shape`` has the grant rule): their keys start with their kind,
 ``<kind>.<lease hex>-<nonce>``. A writer waits like a lock's waiter; a reader reads, and watches, only the newest
 writer ahead of it (the ``w.`` keys); a semaphore waiter has no single key to wait on and watches the whole queue
-for deletions (see ``wait``). A join whose kind does not match the key ahead of it is taken out again and raises
-``LockKindMismatch``.
+for deletions (see ``wait``). A queue holds one family of kinds: the join's transaction puts its key only if no key
+of another family is in the queue (a compare over each range where such keys live), so a join of another kind
+raises ``LockKindMismatch`` having put nothing, however many join at once (see ``enqueue``).
 
 A lock's record (``write_record``) is the key ``<prefix>/<escaped name>``, beside its queue and outside every
 range read: a transaction puts it only while the writer's own queue key still has its create revision.
@@ -265,6 +266,14 @@ class _SlotWatch:
             return now
         self._ahead, self._read_at = now.waiters_ahead, now.revision
         return False
+
+
+def _none_at(key: bytes, range_end: bytes = b"") -> Any:
+    """The compare of a transaction that acts only if no key ``key`` exists (with ``range_end``: no key in
+    ``[key, range_end)``; etcd holds a compare over a range when every key in it passes, so an empty range passes)."""
+    return etcdrpc.Compare(
+        result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.CREATE, key=key, range_end=range_end, create_revision=0
+    )
 
 
 def _still_there(ticket: Ticket) -> Any:
@@ -589,11 +598,45 @@ class EtcdBackend:
             return Position(held=True, waiters_ahead=0)
         return _EtcdPosition(held=False, ahead=wait_on, revision=revision, waiters_ahead=waiters_ahead)
 
+    def _other_families(self, name: str, kind: str) -> list[tuple[bytes, bytes]]:
+        """The key ranges of ``name``'s queue that hold the keys of every family but ``kind``'s (``_shape.family``).
+
+        A key's kind is the start of its name (``_key``): ``r.`` and ``w.`` a read/write lock's, ``s<N>.`` a
+        semaphore's of limit N, anything else a lock's (its lease's hex digits). So for a read/write lock or a
+        semaphore the other families are everything outside its own prefixes: the gaps around them. For a lock they
+        are ``r.``, ``w.`` and ``s`` followed by a digit.
+        """
+        prefix = self._lock_prefix(name)
+
+        def starting(tail: str) -> tuple[bytes, bytes]:
+            start = prefix + tail.encode("ascii")
+            return start, _prefix_end(start)
+
+        if family(kind) == MUTEX:
+            return [starting(f"{READ}."), starting(f"{WRITE}."), (prefix + b"s0", prefix + b"s:")]
+        ours = [starting(f"{each}.") for each in ((READ, WRITE) if family(kind) == family(READ) else (kind,))]
+        gaps, start = [], prefix
+        for low, high in ours:
+            gaps.append((start, low))
+            start = high
+        gaps.append((start, _prefix_end(prefix)))
+        return gaps
+
     def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         prefix = self._lock_prefix(name)
         end = _prefix_end(prefix)
         key = self._key(name, lease_id, nonce)
         kind = kind_of(nonce)
+        # A queue holds one family of kinds (``_shape``), and the join itself keeps it so: the transaction puts our
+        # key only if no key of another family is in the queue (one compare per range of theirs), in the same step.
+        # Checked after the put, it raced. Ten semaphore slots joining a lock's name at once: the first finds the
+        # lock's key just ahead and is refused, but its key stays until a second request removes it; the next join
+        # finds that refused key just ahead, of its own kind, passes, and then counts the keys ahead of it without
+        # their kind, fewer than its limit, and holds beside the lock's holder. Inside the transaction nothing comes
+        # between the check and the put: a refused join puts nothing (nothing to remove, nobody to pass behind it),
+        # and every key in a queue was put while the queue held its family only, so the positions below, which
+        # count the keys ahead (a semaphore) or read the writers ahead (a reader), count within one family.
+        others = self._other_families(name, kind)
         # After our put, our key is the newest in the range: the two newest keys are us and the waiter just ahead.
         newest_two = etcdrpc.RangeRequest(
             key=prefix,
@@ -604,33 +647,41 @@ class EtcdBackend:
             keys_only=True,
         )
         request = etcdrpc.TxnRequest(
-            compare=[
-                etcdrpc.Compare(result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.CREATE, key=key, create_revision=0)
-            ],
+            compare=[_none_at(key), *(_none_at(low, high) for low, high in others)],
             success=[
                 etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=owner, lease=lease_id)),
                 etcdrpc.RequestOp(request_range=newest_two),
                 # A reader waits only for the last writer ahead of it (every writer there now is ahead of it).
                 *([etcdrpc.RequestOp(request_range=self._last_writer(name))] if kind == READ else []),
             ],
-            failure=[etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key, keys_only=True))],
+            failure=[
+                etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=key, keys_only=True)),
+                *(
+                    etcdrpc.RequestOp(
+                        request_range=etcdrpc.RangeRequest(key=low, range_end=high, limit=1, keys_only=True)
+                    )
+                    for low, high in others
+                ),
+            ],
         )
         response, resent = self._unary(f"enqueue for lock {name!r}", "Txn", request)
         if not response.succeeded:
-            # A retry of a put that landed: the key is ours already. Read our place the ordinary way.
             kvs = response.responses[0].response_range.kvs
-            if not kvs:
-                raise BackendError(f"enqueue for lock {name!r}: key vanished inside a transaction")
-            ticket = Ticket(name=name, key=key, revision=int(kvs[0].create_revision), lease_id=lease_id, resent=True)
-            return ticket, self.position(ticket)
+            if kvs:
+                # A retry of a put that landed: the key is ours already (its join passed the same compares). Read
+                # our place the ordinary way.
+                ticket = Ticket(
+                    name=name, key=key, revision=int(kvs[0].create_revision), lease_id=lease_id, resent=True
+                )
+                return ticket, self.position(ticket)
+            for answer in response.responses[1:]:
+                if answer.response_range.kvs:
+                    raise mismatch(name, kind, self._kind(name, bytes(answer.response_range.kvs[0].key)))
+            raise BackendError(f"enqueue for lock {name!r}: a compare failed on keys a transaction did not find")
         revision = int(response.header.revision)
         ticket = Ticket(name=name, key=key, revision=revision, lease_id=lease_id, resent=resent)
         newest = response.responses[1].response_range
         ahead = [kv for kv in newest.kvs if kv.key != key]
-        if ahead and family(theirs := self._kind(name, bytes(ahead[0].key))) != family(kind):
-            # Every key was checked against the one before it when it joined: the queue has one family of kinds.
-            self.dequeue(ticket)
-            raise mismatch(name, kind, theirs)
         if kind == READ:
             writers = response.responses[2].response_range.kvs
             wait_on = bytes(writers[0].key) if writers else None
