@@ -69,9 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.set_defaults(json=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     after = common(argparse.SUPPRESS)
-    listing = commands.add_parser("list", parents=[after], help="every lock with its holder and waiters")
+    listing = commands.add_parser("list", parents=[after], help="every lock with its holders and waiters")
     listing.add_argument("--prefix", default="", help="only locks whose name starts with this")
-    show = commands.add_parser("show", parents=[after], help="one lock: its holder and its waiters in order")
+    show = commands.add_parser("show", parents=[after], help="one lock: its holders and its waiters in order")
     show.add_argument("name", help="the lock's name")
     release = commands.add_parser(
         "force-release",
@@ -115,7 +115,11 @@ def _state_json(state: LockState) -> dict[str, Any]:
 def _holder_text(holder: Holder | str | None) -> str:
     if isinstance(holder, str):
         return holder
-    return "nobody holds it now" if holder is None else f"its holder's token is {holder.token} (owner {holder.owner})"
+    if holder is None:
+        return "nobody holds it now"
+    if holder.holders > 1:  # a semaphore's slots or readers: the first of them, and how many hold beside it
+        return f"its first holder's token is {holder.token} (owner {holder.owner}; {holder.holders} hold it)"
+    return f"its holder's token is {holder.token} (owner {holder.owner})"
 
 
 def _run(client: Client, args: argparse.Namespace) -> int:

@@ -117,13 +117,19 @@ class Position:
 
 @dataclass(frozen=True)
 class Holder:
-    """The current holder of a lock, as ``Client.holder()`` and ``Lock.locked()`` see it."""
+    """The current holder of a lock, as ``Client.holder()`` and ``Lock.locked()`` see it.
+
+    ``waiters`` counts the entries that wait, and ``holders`` those that hold: several for a semaphore's slots or
+    readers of a read/write lock (this holder is the first of them, the others are not waiters), as
+    ``Client.inspect()`` lists them in ``LockState.holders`` and ``LockState.waiters``.
+    """
 
     name: str
     token: int
     lease_id: int
     owner: str
     waiters: int
+    holders: int = 1
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ __all__ = [
     "lock_state",
     "mismatch",
     "semaphore_kind",
+    "waiting",
 ]
 
 #: The kind of a plain lock's entries.
@@ -98,6 +99,11 @@ def holding(kinds: Sequence[str]) -> list[bool]:
         result.append((writers if kind == READ else entries) < limit_of(kind))
         writers += kind != READ
     return result
+
+
+def waiting(kinds: Sequence[str]) -> int:
+    """For entries of ``kinds`` in queue order, how many wait (``Holder.waiters``; the others hold)."""
+    return holding(kinds).count(False)
 
 
 def mismatch(name: str, ours: str, theirs: str) -> LockKindMismatch:

@@ -1,19 +1,26 @@
 """One name, one kind at a time, on each backend, under concurrent joins: while a holder of one kind holds a name,
 twelve clients that join it at once as another kind (a lock and a semaphore, semaphores of two limits, a lock and a
 read/write lock) all raise ``LockKindMismatch``, none holds beside the holder, and none leaves an entry behind; readers
-that join at once while a writer holds (and writers while readers hold) wait and never hold beside it.
+that join at once while a writer holds (and writers while readers hold) wait and never hold beside it. And
+``holder(name)`` counts apart the entries that wait (``waiters``) and those that hold (``holders``: a semaphore's
+slots, readers), as ``inspect()`` lists them, and ``distlock force-release`` names the first of several holders.
 
 The joins really race: each joiner has its own client (its own connection, lease or session), and they start
 together at a barrier."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from _support import wait_until
 
 import distlock
+from distlock._cli import main
 
 #: Concurrent joiners per case (the issue: "ten clients join a name at once").
 JOINERS = 12
@@ -180,3 +187,79 @@ def test_concurrent_joins_that_conflict_wait_for_the_holder(
     finally:
         holder.release()
     assert client.holder(lock_name) is None
+
+
+#: Three that hold together, then two that wait behind them (in that order), per shape.
+SHARED: dict[str, tuple[Make, list[Make]]] = {
+    "semaphore": (
+        lambda client, name: client.semaphore(name, limit=3, ttl=TTL),
+        [lambda client, name: client.semaphore(name, limit=3, ttl=TTL)] * 2,
+    ),
+    "readers": (KINDS["reader"], [KINDS["writer"], KINDS["reader"]]),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHARED))
+def test_holder_waiters_counts_only_the_entries_that_wait(client: distlock.Client, lock_name: str, shape: str) -> None:
+    make_holder, make_waiters = SHARED[shape]
+    holding = [make_holder(client, lock_name) for _ in range(3)]
+    for handle in holding:
+        assert handle.acquire(timeout=0)
+    threads: list[threading.Thread] = []
+    got: list[int] = []
+
+    def take_turn(waiter: distlock.Lock) -> None:
+        if waiter.acquire(timeout=30):
+            got.append(waiter.token)
+            waiter.release()
+
+    try:
+        now = client.holder(lock_name)
+        assert now is not None and now.token == holding[0].token
+        assert now.waiters == 0, f"holder().waiters counted the other {shape} holding as waiters"
+        assert now.holders == 3
+        for count, make in enumerate(make_waiters, start=1):
+            waiter = make(client, lock_name)
+            threads.append(threading.Thread(target=take_turn, args=(waiter,)))
+            threads[-1].start()
+            wait_until(functools.partial(_queued, client, lock_name, count), 10, f"waiter {count} to queue")
+        state = _state(client, lock_name)
+        assert state is not None and len(state.holders) == 3 and len(state.waiters) == 2
+        now = client.holder(lock_name)
+        assert now is not None and now.waiters == 2, "holder().waiters is not what inspect() lists as waiting"
+        assert now.holders == 3
+    finally:
+        for handle in holding:
+            handle.release()
+        for thread in threads:
+            thread.join(60)
+    assert len(got) == 2, "a waiter did not get its turn"
+
+
+def _queued(client: distlock.Client, name: str, count: int) -> bool:
+    state = _state(client, name)
+    return state is not None and len(state.waiters) == count
+
+
+def test_the_command_line_names_the_first_of_several_holders(
+    client: distlock.Client, backend_url: str, lock_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slots = [client.semaphore(lock_name, limit=3, ttl=TTL, owner=f"slot-{i}") for i in range(3)]
+    for slot in slots:
+        assert slot.acquire(timeout=0)
+    try:
+        # A second slot's token: force_release removes the first holder only, so this one changes nothing.
+        stale = str(slots[1].token)
+        assert main(["--url", backend_url, "force-release", lock_name, "--token", stale]) == 1
+        err = capsys.readouterr().err
+        assert f"its first holder's token is {slots[0].token} (owner slot-0; 3 hold it), not {stale}" in err
+        assert main(["--url", backend_url, "force-release", lock_name, "--token", str(slots[0].token), "--json"]) == 0
+        answer = json.loads(capsys.readouterr().out)
+        assert answer["released"] is True
+        assert answer["holder"]["token"] == slots[1].token
+        assert (answer["holder"]["holders"], answer["holder"]["waiters"]) == (2, 0)
+    finally:
+        with contextlib.suppress(distlock.LockLost):  # force-released by the test
+            slots[0].release()
+        for slot in slots[1:]:
+            slot.release()

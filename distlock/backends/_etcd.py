@@ -58,7 +58,7 @@ from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, Cl
 from .._names import escape_name, unescape_name
 from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 from .._retry import Attempt, ErrorTable, retrying
-from .._shape import MUTEX, READ, WRITE, family, kind_of, limit_of, lock_state, mismatch
+from .._shape import MUTEX, READ, WRITE, family, kind_of, limit_of, lock_state, mismatch, waiting
 
 try:
     import grpc
@@ -879,12 +879,29 @@ class EtcdBackend:
         if not response.kvs:
             return None
         kv = response.kvs[0]
+        waiters = int(response.count) - 1  # a head that holds alone: every key behind it waits
+        kind = self._kind(name, bytes(kv.key))
+        if waiters and (kind == READ or limit_of(kind) > 1):
+            # Slots of a semaphore, or readers, hold together: which of the keys wait is the grant rule's to say,
+            # over the kinds of the whole queue (keys only), read at the revision the head was read at.
+            prefix = self._lock_prefix(name)
+            request = etcdrpc.RangeRequest(
+                key=prefix,
+                range_end=_prefix_end(prefix),
+                revision=int(response.header.revision),
+                sort_order=etcdrpc.RangeRequest.ASCEND,
+                sort_target=etcdrpc.RangeRequest.CREATE,
+                keys_only=True,
+            )
+            queue, _ = self._unary(f"read queue of lock {name!r}", "Range", request)
+            waiters = waiting([self._kind(name, bytes(each.key)) for each in queue.kvs])
         return Holder(
             name=name,
             token=int(kv.create_revision),
             lease_id=int(kv.lease),
             owner=owner_id(bytes(kv.value)),
-            waiters=int(response.count) - 1,
+            waiters=waiters,
+            holders=int(response.count) - waiters,
         )
 
     def force_release(self, name: str, token: int) -> bool:

@@ -355,7 +355,9 @@ return remove(KEYS[1], ARGV[1], t, ARGV[3] ~= '', ARGV[4] ~= '', ARGV[5])
 """
 )
 
-# KEYS: queue, owners. Answers {} or {member, token, entries, owner record}.
+# KEYS: queue, owners. Answers {} or {member, token, entries that wait, owner record, entries that hold}: those that
+# hold are counted by the grant rule from the head (a semaphore's slots and readers hold together; the walk stops at the
+# first entry that waits, and everything behind it waits too).
 _HEAD = (
     _LUA_HELPERS
     + """
@@ -363,7 +365,22 @@ local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #head == 0 or head[1] == LAST then return {} end
 local entries = redis.call('ZCARD', KEYS[1])
 if redis.call('ZSCORE', KEYS[1], LAST) then entries = entries - 1 end
-return {head[1], tonumber(head[2]), entries, redis.call('HGET', KEYS[2], head[1]) or ''}
+local holders, writers, start = 0, 0, 0
+while holders == start do
+  local chunk = redis.call('ZRANGE', KEYS[1], start, start + 63)
+  for _, m in ipairs(chunk) do
+    if m == LAST then break end
+    local k = kind(m)
+    local ahead = holders
+    if k == 'r' then ahead = writers end
+    if ahead >= limit(k) then break end
+    holders = holders + 1
+    if k ~= 'r' then writers = writers + 1 end
+  end
+  if #chunk < 64 then break end
+  start = start + 64
+end
+return {head[1], tonumber(head[2]), entries - holders, redis.call('HGET', KEYS[2], head[1]) or '', holders}
 """
 )
 
@@ -973,7 +990,7 @@ class RedisBackend:
             answer, _ = self._script(f"read holder of lock {name!r}", HEAD, (keys + "q", keys + "owners"))
             if not answer:
                 return None
-            member, token, entries, owner = answer
+            member, token, waiters, owner, holders = answer
             lease_id = _lease_of(member)
             lease_key = self._lease_key(lease_id)
             alive, _ = self._request(f"read holder of lock {name!r}", lease_key, "EXISTS", lease_key)
@@ -983,7 +1000,8 @@ class RedisBackend:
                     token=int(token),
                     lease_id=lease_id,
                     owner=owner_id(owner) if owner else _nonce_of(member),
-                    waiters=entries - 1,
+                    waiters=waiters,
+                    holders=holders,
                 )
             self._evict(name, member)
 

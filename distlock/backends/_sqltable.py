@@ -90,7 +90,7 @@ from .._errors import (
 )
 from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 from .._retry import Attempt, ErrorTable, retrying
-from .._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch
+from .._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
 
 try:
     import sqlalchemy as sa
@@ -1016,12 +1016,14 @@ class SqlTableBackend:
         if not entries:
             return None
         head = entries[0]
+        waiters = waiting([kind_of(entry.nonce) for entry in entries])
         return Holder(
             name=name,
             token=head.id,
             lease_id=head.lease_id,
             owner=owner_id(head.owner.encode()),
-            waiters=len(entries) - 1,
+            waiters=waiters,
+            holders=len(entries) - waiters,
         )
 
     def force_release(self, name: str, token: int) -> bool:

@@ -67,7 +67,7 @@ from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, Cl
 from .._names import escape_name, unescape_name
 from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
 from .._retry import Attempt, ErrorTable, retrying
-from .._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch
+from .._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
 
 try:
     from kazoo import exceptions as kz
@@ -570,8 +570,9 @@ class ZooKeeperBackend:
         found = self._get(client, parent, what)
         return found[0] if found is not None and found[0] else None
 
-    def _head(self, name: str) -> tuple[str, bytes, Any, int] | None:
-        """The holder's node of ``name``: its path, data, stat and the number of waiters behind it."""
+    def _head(self, name: str) -> tuple[str, bytes, Any, int, int] | None:
+        """The holder's node of ``name``: its path, data, stat, the number of entries that wait and the number
+        that hold (several for a semaphore or readers)."""
         client = self._main_client()
         parent = self._lock_path(name)
         what = f"read holder of lock {name!r}"
@@ -585,20 +586,22 @@ class ZooKeeperBackend:
             path = f"{parent}/{queue[0]}"
             found = self._get(client, path, what)
             if found is not None:
-                return path, found[0], found[1], len(queue) - 1
+                waiters = waiting([kind_of(child) for child in queue])
+                return path, found[0], found[1], waiters, len(queue) - waiters
             # The head left between the two reads: read the queue again.
 
     def holder(self, name: str) -> Holder | None:
         head = self._head(name)
         if head is None:
             return None
-        _, data, stat, waiters = head
+        _, data, stat, waiters, holders = head
         return Holder(
             name=name,
             token=int(stat.czxid),
             lease_id=int(stat.ephemeralOwner),
             owner=owner_id(data),
             waiters=waiters,
+            holders=holders,
         )
 
     def force_release(self, name: str, token: int) -> bool:
