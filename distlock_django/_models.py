@@ -605,9 +605,14 @@ class FencedModel(models.Model):
     fence_lock: ClassVar[str] = ""
 
     objects: ClassVar[FencedManager] = FencedManager()
+    # The base manager (Django's own writes go through it: a reverse foreign key's ``add()``, ``on_delete=SET_NULL``,
+    # the deletion collector's reads): a fenced queryset, so strict mode refuses its plain writes. Children inherit it
+    # (Django takes the first parent's base manager name) unless their Meta names another.
+    _distlock_base: ClassVar[FencedManager] = FencedManager()
 
     class Meta:
         abstract = True
+        base_manager_name = "_distlock_base"
 
     def save(self, *args: Any, fence: Fence | distlock.Lock | None = None, **kwargs: Any) -> None:
         """Django's ``save()``, with an update of an existing row fenced in its own UPDATE statement
@@ -753,15 +758,9 @@ def _claim_before_delete(sender: type[models.Model], instance: models.Model, usi
 
 
 def _prepare_fenced(sender: type[models.Model], **kwargs: Any) -> None:
-    """For each concrete fenced model: a base manager that refuses plain writes in strict mode (Django's own
-    writes through it: a reverse foreign key's ``add()``, ``on_delete=SET_NULL``), and the delete claim."""
-    if not issubclass(sender, FencedModel) or sender._meta.abstract or sender._meta.base_manager_name:
+    """For each concrete fenced model: the delete claim."""
+    if not issubclass(sender, FencedModel) or sender._meta.abstract:
         return
-    manager = FencedManager()
-    manager.name = "_base_manager"
-    manager.model = sender
-    manager.auto_created = True
-    sender._meta.__dict__["base_manager"] = manager
     signals.pre_delete.connect(
         _claim_before_delete, sender=sender, weak=False, dispatch_uid=f"distlock:{sender._meta.label}"
     )

@@ -1,0 +1,450 @@
+"""The write-path matrix: every way Django writes a fenced row, generated as a product and asserted cell by cell.
+
+write API (``save`` and its variants, an instance built from a pk, ``delete``, ``QuerySet.update/delete``,
+``bulk_create`` and its upsert, ``bulk_update``, ``update_or_create``, ``F()``, reverse foreign key
+``add``/``remove``, a cascade from a plain parent, ``.fenced()`` iteration, ``iterator()`` and ``aiterator()``,
+``asave``/``adelete``, ``fenced_update``) x model (one table; a multi-table child, whose ``fence_token`` is its
+parent's) x object state (fresh: read by the writer with ``.fenced()`` under its lock, or a plain read with no
+lock; built from a pk; read, then ``refresh_from_db()`` just before the write; deferred with ``only()``; pickled
+and unpickled) x who writes (the current holder; a stale holder: A reads, is force-released, B takes the lock and
+claims the row with a newer token, then A writes; no lock) x ``FENCING`` mode (on, strict) x database.
+
+Each API is classified as the docs' table classifies it (docs/integrations/django.md, "Which writes the fence
+covers"): *fenced* (the statement carries the token, or the row is claimed in the deletion's transaction), *claim*
+(needs the row's lock: a fenced read or ``fenced_update``) or *plain*. The expected outcome follows from that class,
+the writer and the mode alone; each cell asserts exactly one of: refused with the documented distlock error, the
+row (and every other row the call could touch) unchanged; landed as the current holder's (its token stored); or a
+documented plain write that did not lower the row's token. Strict mode refuses every plain write.
+
+Cells share one set of test databases and one etcd (module-scoped, no flush between cells): each cell has rows and
+locks of its own. Which cells exist is decided by rules below (``_applies``), never by listing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import pickle
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.db import connections, models
+from django.db.models import F
+from django.test.utils import override_settings
+from djangotests.testapp import router
+from djangotests.testapp.matrix_models import MxItem, MxOwner, MxShelved, MxSub
+
+import distlock
+from distlock_django import conf, get_client, lock_name
+
+DATABASES = {"sqlite": "default", "postgres": "pg"}
+_pks = itertools.count(1)
+
+# Every cell commits (its locks are real, and asave() writes from another thread): transactional, flushing only the
+# test app's tables after each cell (``available_apps``), which keeps the matrix CI-sized.
+pytestmark = pytest.mark.django_db(
+    transaction=True, databases=list(DATABASES.values()), available_apps=["djangotests.testapp"]
+)
+
+
+@pytest.fixture(scope="module")
+def matrix_db(django_servers: dict[str, str]) -> None:
+    """The session's etcd for every cell."""
+
+
+@pytest.fixture(scope="module", params=list(DATABASES))
+def alias(request: pytest.FixtureRequest, matrix_db: None) -> Iterator[str]:
+    router.CURRENT[0] = DATABASES[request.param]
+    try:
+        yield DATABASES[request.param]
+    finally:
+        router.CURRENT[0] = "default"
+
+
+@pytest.fixture(scope="module", params=["on", "strict"])
+def mode(request: pytest.FixtureRequest, alias: str) -> Iterator[str]:
+    with override_settings(DISTLOCK={**conf(), "FENCING": request.param}):
+        yield request.param
+
+
+# --- the rows of a cell -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    model: Any  # a FencedModel class
+    pk: int
+    owner: MxOwner
+    owner2: MxOwner
+
+    @property
+    def name(self) -> str:
+        return lock_name(_template(self.model).format(pk=self.pk))
+
+    @property
+    def new_pk(self) -> int:
+        return self.pk + 1_000_000
+
+    @property
+    def related(self) -> str:
+        return "items" if self.model is MxItem else "bases"
+
+
+def _template(model: Any) -> str:
+    return str(model.fence_lock)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    exists: bool
+    value: int | None
+    owner_id: int | None
+    token: int | None
+    new_exists: bool
+    owners: int
+
+
+def _snapshot(cell: Cell) -> Snapshot:
+    row = cell.model._base_manager.filter(pk=cell.pk).values("value", "owner_id", "fence_token").first()
+    return Snapshot(
+        exists=row is not None,
+        value=None if row is None else row["value"],
+        owner_id=None if row is None else row["owner_id"],
+        token=None if row is None else row["fence_token"],
+        new_exists=cell.model._base_manager.filter(pk=cell.new_pk).exists(),
+        owners=MxOwner.objects.filter(pk__in=[cell.owner.pk, cell.owner2.pk]).count(),
+    )
+
+
+def _make(model: Any) -> Cell:
+    """A row of its own (value 1, owned), created under its lock: its token is a real one, above 0."""
+    cell = Cell(model, next(_pks), MxOwner.objects.create(), MxOwner.objects.create())
+    with get_client().lock(cell.name, ttl=10):
+        model.objects.create(pk=cell.pk, value=1, owner=cell.owner)
+    return cell
+
+
+# --- object states --------------------------------------------------------------------------------------------------
+
+STATES = ["fresh", "from_pk", "refreshed", "deferred", "pickled"]
+
+
+def _read(cell: Cell, state: str, locked: bool) -> Any:
+    """The object the writer will write, as it reads it (``refreshed`` and ``pickled`` finish in ``_ready``)."""
+    rows = cell.model.objects.filter(pk=cell.pk)
+    if state == "fresh":
+        return rows.fenced().get() if locked else rows.get()
+    if state == "from_pk":
+        # ``id`` too: a multi-table child built from its pk alone has no parent pk, and Django's own delete() fails.
+        return cell.model(pk=cell.pk, id=cell.pk, value=1, owner_id=cell.owner.pk)
+    if state == "deferred":
+        return rows.only("value").get()
+    if state == "pickled":
+        return pickle.dumps(rows.get())
+    return rows.get()
+
+
+def _ready(obj: Any, state: str) -> Any:
+    """Just before the write: refresh (it sees a newer holder's token) or unpickle."""
+    if state == "refreshed":
+        obj.refresh_from_db()
+    elif state == "pickled":
+        obj = pickle.loads(obj)
+    return obj
+
+
+# --- write APIs -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Api:
+    name: str
+    kind: str  # "fenced", "claim" (needs the row's lock) or "plain"
+    landed: str  # what the write does when it lands: see _landed
+    write: Callable[[Cell, Any], object]
+    instance: bool = True  # takes an object in a state
+    multi_table: bool = True  # Django supports it on a multi-table child
+
+
+def _set(obj: Any, value: Any = 999) -> Any:
+    obj.value = value
+    return obj
+
+
+async def _collect(rows: Any) -> list[Any]:
+    return [row async for row in rows]
+
+
+def _upsert(cell: Cell, obj: Any) -> None:
+    features = connections[router.CURRENT[0]].features
+    target = {"unique_fields": ["id"]} if features.supports_update_conflicts_with_target else {}
+    cell.model.objects.bulk_create(
+        [cell.model(pk=cell.pk, value=999)], update_conflicts=True, update_fields=["value"], **target
+    )
+
+
+APIS = [
+    Api("save", "fenced", "value", lambda c, o: _set(o).save()),
+    Api("save_update_fields", "fenced", "value", lambda c, o: _set(o).save(update_fields=["value"])),
+    Api("save_force_update", "fenced", "value", lambda c, o: _set(o).save(force_update=True)),
+    Api("save_F", "fenced", "value", lambda c, o: _set(o, F("value") + 998).save()),
+    Api("asave", "fenced", "value", lambda c, o: asyncio.run(_set(o).asave())),
+    Api("delete", "fenced", "gone", lambda c, o: o.delete()),
+    Api("adelete", "fenced", "gone", lambda c, o: asyncio.run(o.adelete())),
+    Api("reverse_add_bulk_false", "fenced", "owner2", lambda c, o: getattr(c.owner2, c.related).add(o, bulk=False)),
+    Api("reverse_add", "plain", "owner2", lambda c, o: getattr(c.owner2, c.related).add(o)),
+    Api("reverse_remove", "plain", "unowned", lambda c, o: getattr(c.owner, c.related).remove(o)),
+    Api("bulk_update", "plain", "value", lambda c, o: c.model.objects.bulk_update([_set(o)], ["value"])),
+    Api(
+        "update_or_create",
+        "fenced",
+        "value",
+        lambda c, o: c.model.objects.update_or_create(pk=c.pk, defaults={"value": 999}),
+        instance=False,
+    ),
+    Api("qs_delete", "fenced", "gone", lambda c, o: c.model.objects.filter(pk=c.pk).delete(), instance=False),
+    Api("cascade", "fenced", "gone", lambda c, o: MxOwner.objects.filter(pk=c.owner.pk).delete(), instance=False),
+    Api("qs_update", "plain", "value", lambda c, o: c.model.objects.filter(pk=c.pk).update(value=999), instance=False),
+    Api(
+        "qs_update_F",
+        "plain",
+        "value",
+        lambda c, o: c.model.objects.filter(pk=c.pk).update(value=F("value") + 998),
+        instance=False,
+    ),
+    Api(
+        "bulk_create",
+        "plain",
+        "new",
+        lambda c, o: c.model.objects.bulk_create([c.model(pk=c.new_pk, value=999)]),
+        instance=False,
+        multi_table=False,
+    ),
+    Api("upsert", "plain", "value", _upsert, instance=False, multi_table=False),
+    Api("fenced_iter", "claim", "claimed", lambda c, o: list(c.model.objects.filter(pk=c.pk).fenced()), False),
+    Api(
+        "fenced_iterator",
+        "claim",
+        "claimed",
+        lambda c, o: list(c.model.objects.filter(pk=c.pk).fenced().iterator()),
+        instance=False,
+    ),
+    Api(
+        "fenced_aiterator",
+        "claim",
+        "claimed",
+        lambda c, o: asyncio.run(_collect(c.model.objects.filter(pk=c.pk).fenced().aiterator())),
+        instance=False,
+    ),
+    Api(
+        "fenced_update",
+        "claim",
+        "value",
+        lambda c, o: c.model.objects.filter(pk=c.pk).fenced_update(value=999),
+        instance=False,
+    ),
+]
+MODELS = {"table": MxItem, "multi_table": MxSub}
+WRITERS = ["holder", "stale", "none"]
+
+
+def _applies(api: Api, model: str, state: str) -> bool:
+    """The rules that decide which cells exist: a state only for APIs that take an object (the others read the row
+    themselves: state ``-``); a multi-table child only where Django supports the API on one (not ``bulk_create``)."""
+    if (state != "-") != api.instance:
+        return False
+    if api.name == "reverse_add" and state == "from_pk":
+        return False  # Django's add() refuses an instance it considers unsaved (ValueError), before any write
+    return model != "multi_table" or api.multi_table
+
+
+CELLS = [
+    pytest.param(api, model, state, writer, id=f"{api.name}-{model}-{state}-{writer}")
+    for api, model, state, writer in itertools.product(APIS, MODELS, [*STATES, "-"], WRITERS)
+    if _applies(api, model, state)
+]
+
+
+def _expected(api: Api, writer: str, mode: str) -> str:
+    """What the docs promise for this cell: ``landed`` (as the holder's), ``plain``, or the error's name."""
+    if api.kind == "plain":
+        return "UnfencedWrite" if mode == "strict" else "plain"
+    if writer == "holder":
+        return "landed"
+    if writer == "stale":
+        return "StaleFenceToken"
+    if mode == "strict":
+        return "UnfencedWrite"
+    return "LockNotOwned" if api.kind == "claim" else "plain"
+
+
+def _landed(what: str, cell: Cell, after: Snapshot, token: int | None) -> bool:
+    outcomes: dict[str, bool] = {
+        "value": after.value == 999,
+        "gone": not after.exists,
+        "owner2": after.owner_id == cell.owner2.pk,
+        "unowned": after.exists and after.owner_id is None,
+        "new": after.new_exists,
+        "claimed": after.token == token,
+    }
+    return outcomes[what]
+
+
+REFUSALS = (distlock.StaleFenceToken, distlock.LockNotOwned, distlock.UnfencedWrite)
+
+
+def _attempt(write: Callable[[], object]) -> str:
+    try:
+        write()
+    except REFUSALS as e:
+        return type(e).__name__
+    return "wrote"
+
+
+def _context() -> contextvars.Context:
+    return contextvars.copy_context()
+
+
+@pytest.mark.parametrize(("api", "model", "state", "writer"), CELLS)
+def test_write_path(api: Api, model: str, state: str, writer: str, mode: str, alias: str) -> None:
+    cell = _make(MODELS[model])
+    client = get_client()
+    holder_token: int | None = None
+    if writer == "holder":
+        ours = _context()
+        lock = client.lock(cell.name, ttl=10)
+        assert ours.run(lock.acquire)
+        holder_token = lock.token
+        try:
+            obj = None if state == "-" else ours.run(lambda: _ready(_read(cell, state, True), state))
+            before = _snapshot(cell)
+            result = ours.run(_attempt, lambda: api.write(cell, obj))
+        finally:
+            ours.run(lock.release)
+    elif writer == "stale":
+        a_context, b_context = _context(), _context()
+        a = client.lock(cell.name, ttl=10)
+        assert a_context.run(a.acquire)
+        obj = None if state == "-" else a_context.run(_read, cell, state, True)
+        assert client.force_release(cell.name, a.token)
+        b = client.lock(cell.name, ttl=10)
+        assert b_context.run(b.acquire)
+        try:
+            b_context.run(lambda: list(cell.model.objects.filter(pk=cell.pk).fenced()))
+            assert b.token > a.token
+            obj = None if state == "-" else a_context.run(_ready, obj, state)
+            before = _snapshot(cell)
+            assert before.token == b.token
+            result = a_context.run(_attempt, lambda: api.write(cell, obj))
+        finally:
+            b_context.run(b.release)
+            with contextlib.suppress(distlock.DistlockError):
+                a_context.run(a.release)  # A's lock was taken from it: releasing it is refused or a no-op
+    else:
+        obj = None if state == "-" else _ready(_read(cell, state, False), state)
+        before = _snapshot(cell)
+        result = _attempt(lambda: api.write(cell, obj))
+
+    after = _snapshot(cell)
+    expected = _expected(api, writer, mode)
+    if expected == "landed":
+        assert result == "wrote", f"the current holder's write was refused: {result}"
+        assert _landed(api.landed, cell, after, holder_token), after
+        if after.exists:
+            assert after.token == holder_token, f"landed without the holder's token: {after.token} != {holder_token}"
+    elif expected == "plain":
+        assert result == "wrote", f"a documented plain write was refused: {result}"
+        assert _landed(api.landed, cell, after, holder_token), after
+        if after.exists and before.exists:
+            assert after.token == before.token, f"a plain write changed the token: {before.token} -> {after.token}"
+    else:
+        assert result == expected, f"expected {expected}, got {result}: {before} -> {after}"
+        assert after == before, "a refused write changed something"
+
+
+# --- moves: a lock-name change needs both locks ---------------------------------------------------------------------
+
+MOVE_STATES = ["fresh", "from_pk", "refreshed", "deferred", "pickled"]
+MOVE_HOLDS = ["destination", "source", "both"]
+MOVE_APIS = ["save", "save_update_fields", "fenced_update"]
+
+
+def _shelf_lock(shelf: int) -> str:
+    return lock_name(f"shelf:{shelf}")
+
+
+@pytest.mark.parametrize(
+    ("api", "state", "holds"),
+    [
+        (api, state, holds)
+        for api, state, holds in itertools.product(MOVE_APIS, [*MOVE_STATES, "-"], MOVE_HOLDS)
+        if (state == "-") == (api == "fenced_update")
+    ],
+)
+def test_a_move_needs_both_locks(api: str, state: str, holds: str, mode: str, alias: str) -> None:
+    source, destination = next(_pks), next(_pks)
+    client = get_client()
+    with client.lock(_shelf_lock(source), ttl=10) as made:
+        row = MxShelved.objects.create(shelf=source, value=1)
+        assert row.fence_token == made.token
+    names = {"source": [source], "destination": [destination], "both": [source, destination]}[holds]
+    locks = [client.lock(_shelf_lock(shelf), ttl=10) for shelf in names]
+    ours = _context()
+    for lock in locks:
+        assert ours.run(lock.acquire)
+    newest = max(lock.token for lock in locks)
+
+    def read() -> Any:
+        rows = MxShelved.objects.filter(pk=row.pk)
+        if state == "fresh":
+            return rows.fenced().get() if holds != "destination" else rows.get()
+        if state == "from_pk":
+            return MxShelved(pk=row.pk, shelf=source, value=1)
+        if state == "deferred":
+            return rows.only("value", "shelf").get()
+        if state == "pickled":
+            return pickle.dumps(rows.get())
+        return rows.get()
+
+    def write(obj: Any) -> None:
+        if api == "fenced_update":
+            MxShelved.objects.filter(pk=row.pk).fenced_update(shelf=destination, value=999)
+            return
+        obj = _ready(obj, state)
+        obj.shelf, obj.value = destination, 999
+        obj.save(update_fields=["shelf", "value"]) if api == "save_update_fields" else obj.save()
+
+    try:
+        obj = None if state == "-" else ours.run(read)
+        before = MxShelved.objects.values("shelf", "value", "fence_token").get(pk=row.pk)
+        result = ours.run(_attempt, lambda: write(obj))
+    finally:
+        for lock in reversed(locks):
+            ours.run(lock.release)
+    after = MxShelved.objects.values("shelf", "value", "fence_token").get(pk=row.pk)
+    if holds == "both":
+        assert result == "wrote"
+        assert after["shelf"] == destination
+        assert after["value"] == 999
+        assert after["fence_token"] == newest
+    else:
+        assert result == "LockNotOwned", f"a move holding only the {holds}'s lock: {result}"
+        assert after == before
+
+
+def test_the_matrix_is_generated_whole() -> None:
+    """Every API is in the matrix, for every writer, on both models where Django supports it."""
+    apis: list[Any] = [cell.values[0] for cell in CELLS]
+    assert {api.name for api in apis} == {api.name for api in APIS}
+    per_api = {api.name: sum(1 for used in apis if used is api) for api in APIS}
+    for api in APIS:
+        models_of = 2 if api.multi_table else 1
+        states = (len(STATES) - (api.name == "reverse_add")) if api.instance else 1
+        assert per_api[api.name] == models_of * states * len(WRITERS)
+
+
+_ = models  # the models module is imported for its side effect: the matrix's tables exist
