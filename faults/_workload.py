@@ -13,9 +13,12 @@ between processes, so they compare with the nemesis's fault windows. Three ways 
   commits on its own, the read and the write are separate transactions, and the write is conditional
   (``... WHERE fence_token <= :t``): the fence alone, no database lock held across the work, refuses a stale holder.
   ``fence="write-only"`` skips the claim; ``fence="off"`` also drops the write's condition (control runs).
-- ``sqla``: ``distlock_sqla.claim_one`` and a flush, the idiom of its README, in one transaction.
+- ``sqla``: ``distlock_sqla.claim_one`` and a flush, the idiom of its README, in one transaction; odd-numbered
+  workers use SQLAlchemy's defaults the way people do: the claim commits (``expire_on_commit`` expires the object)
+  and the new values are set on the expired object and flushed in a second transaction.
 - ``django``: ``FencedModel.objects.filter(pk=...).fenced()`` (the claim commits at once, autocommit), then
-  ``save()`` and the audit row in ``transaction.atomic()``.
+  ``save()`` and the audit row in ``transaction.atomic()``; odd-numbered workers save an instance built from the pk
+  (``Counter(pk=..., value=...)``) instead of the one read.
 
 ``kind="set"`` is Jepsen's lock-set: the row's ``items`` gets the holder's token appended instead of ``value + 1``.
 
@@ -220,7 +223,25 @@ def _sqla_step(config: Config) -> Step:
             session.flush()
             _audit(session.connection(), token, config.worker, op.written)
 
-    return step
+    def expired_step(op: Op, token: int) -> None:
+        # SQLAlchemy's defaults as people use them: the claim commits (expiring the object), the work happens
+        # outside any transaction, and the values computed from the first read are set on the expired object.
+        op.phase = "claim"
+        with Session(engine) as session:
+            counter = claim_one(session, Counter, ROW)
+            op.phase = "read"
+            value, items = counter.value, counter.items
+            op.read = items if config.kind == "set" else value
+            session.commit()
+            _pause_point(config.work)
+            new_value, new_items, op.written = _next(config.kind, value, items, token)
+            op.phase = "write"
+            counter.value, counter.items = new_value, new_items
+            session.flush()
+            _audit(session.connection(), token, config.worker, op.written)
+            session.commit()
+
+    return expired_step if config.worker % 2 else step
 
 
 def _django_step(config: Config) -> Step:
@@ -267,6 +288,9 @@ def _django_step(config: Config) -> Step:
         op.read = counter.items if config.kind == "set" else counter.value
         _pause_point(config.work)
         counter.value, counter.items, op.written = _next(config.kind, counter.value, counter.items, token)
+        if config.worker % 2:
+            # The habit of building the instance from its pk to save what was computed (Django's plain UPDATE path).
+            counter = Counter(pk=ROW, value=counter.value, items=counter.items)
         op.phase = "write"
         with transaction.atomic(), connection.cursor() as cursor:
             counter.save()

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Column, Engine, ForeignKey, Integer, String, Table, create_engine, event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column, relationship
 
 from distlock_sqla import FencedMixin, fenced_mapper_args, fenced_table
 
@@ -37,6 +37,17 @@ class Account(FencedMixin, Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     tenant: Mapped[str] = mapped_column(String(40))
     balance: Mapped[int] = mapped_column(default=0)
+
+
+class Entry(FencedMixin, Base):
+    """A child guarded by its parent's lock: moving it to another parent moves it to another lock."""
+
+    __tablename__ = "entries"
+    fence_lock = "entries:{account_id}"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"))
+    account: Mapped[Account] = relationship()
+    amount: Mapped[int] = mapped_column(default=0)
 
 
 class StrictCounter(FencedMixin, Base):

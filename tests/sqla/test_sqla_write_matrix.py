@@ -35,7 +35,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from sqla.conftest import Database, _postgres_url
-from sqla.models import Account, Base, Car, Counter
+from sqla.models import Account, Base, Car, Counter, Entry
 from sqlalchemy import Engine, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, defer, make_transient_to_detached, sessionmaker
@@ -523,3 +523,39 @@ def test_a_claim_with_offset_and_limit_returns_the_rows_it_claimed(
     with mengine.connect() as conn:
         tokens = dict(conn.execute(select(Account.id, Account.fence_token).where(Account.tenant == tenant)).all())
     assert tokens == {base: 0, base + 1: token, base + 2: token, base + 3: 0}
+
+
+@pytest.mark.parametrize("expired", [False, True], ids=["loaded", "expired"])
+@pytest.mark.parametrize("holds", MOVE_HOLDS)
+def test_moving_a_child_to_another_parent_needs_both_parents_locks(
+    holds: str, expired: bool, mdb: Database, mengine: Engine, lock_client: distlock.Client
+) -> None:
+    source, destination, entry_id = (secrets.randbelow(2**31 - 2) + 1 for _ in range(3))
+    with Session(mengine) as seeding:
+        seeding.add_all([Account(id=source, tenant="a", balance=0), Account(id=destination, tenant="b", balance=0)])
+        seeding.flush()
+        seeding.add(Entry(id=entry_id, account_id=source, amount=5))
+        seeding.commit()
+    names = {"source": [f"entries:{source}"], "destination": [f"entries:{destination}"]}
+    names["both"] = names["source"] + names["destination"]
+    with contextlib.ExitStack() as stack:
+        locks = [stack.enter_context(lock_client.lock(n, ttl=30)) for n in names[holds]]
+        with Session(mengine) as session:
+            entry = session.get(Entry, entry_id)
+            parent = session.get(Account, destination)
+            assert entry is not None and parent is not None
+            if expired:
+                session.commit()  # expired: the old parent's id is not in the object any more
+            try:
+                entry.account = parent  # the flush sets account_id from the relationship
+                session.commit()
+                outcome = "landed"
+            except LockNotOwned:
+                outcome = "LockNotOwned"
+        tokens = [lock.token for lock in locks]
+    with mengine.connect() as conn:
+        after = tuple(conn.execute(select(Entry.account_id, Entry.fence_token).where(Entry.id == entry_id)).one())
+    if holds == "both":
+        assert (outcome, after) == ("landed", (destination, tokens[1]))
+    else:
+        assert (outcome, after) == ("LockNotOwned", (source, 0)), f"moved holding only the {holds} lock"
