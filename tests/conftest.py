@@ -54,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: the rest three times would add about three minutes to a suite that must stay under 25 (tests/test_sqltable.py).
 SQL_CONTRACT_FILES = frozenset(
     {"test_lock_basics.py", "test_lock_faults.py", "test_lock_queue.py", "test_lock_revoked.py"}
-    | {"test_semaphore.py", "test_rwlock.py", "test_sqltable.py"}
+    | {"test_semaphore.py", "test_rwlock.py", "test_sqltable.py", "test_kind_mismatch.py"}
 )
 _SQL_EVERYWHERE = os.environ.get("DISTLOCK_TEST_SQL_TABLES") == "all"
 
