@@ -221,30 +221,41 @@ def _name(spec: FenceSpec, values: Mapping[str, Any]) -> str | None:
     return None if any(value is None for value in values.values()) else spec.lock_name(values)
 
 
-def _stored_values(spec: FenceSpec, state: InstanceState[Any], connection: Connection) -> dict[str, Any]:
-    """The template fields of ``state``'s row as stored (before this flush's changes): what names its lock now."""
+def _lock_values(
+    spec: FenceSpec, state: InstanceState[Any], connection: Connection
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The template fields of ``state``'s row as stored (what names its lock now) and as this flush writes them.
+
+    From the attributes' history and the identity, without loading what is expired: a field is read from the row
+    only when it is set while not loaded (what it replaces is only in the row), or when it is not loaded and not in
+    the identity (the lock cannot be named without it; SQLAlchemy would load it too).
+    """
     identity = dict(zip(spec.pk_keys, state.identity or (), strict=True))
-    values: dict[str, Any] = {}
+    stored: dict[str, Any] = {}
+    current: dict[str, Any] = {}
     unknown = []
     for field, _ in spec.fields:
-        if field in identity:
-            values[field] = identity[field]
-            continue
         history = state.attrs[field].history
-        if history.deleted:
-            values[field] = history.deleted[0]
+        if history.added:
+            current[field] = history.added[0]
+            if history.deleted:
+                stored[field] = history.deleted[0]
+            elif field in identity:
+                stored[field] = identity[field]
+            else:
+                unknown.append(field)
+        elif field in identity:
+            stored[field] = current[field] = identity[field]
         elif history.unchanged:
-            values[field] = history.unchanged[0]
-        elif history.added:
-            unknown.append(field)  # set while not loaded: what it replaces is only in the row
+            stored[field] = current[field] = history.unchanged[0]
         else:
-            values[field] = getattr(state.obj(), field)  # neither loaded nor set: loads it
+            stored[field] = current[field] = getattr(state.obj(), field)  # not loaded: loads it
     if unknown:
         exprs = [expr for field, expr in spec.fields if field in unknown]
         where = (column == value for column, value in zip(spec.pk, state.identity or (), strict=True))
         found = connection.execute(select(*exprs).where(*where)).one_or_none()
-        values.update(zip(unknown, found or (None,) * len(unknown), strict=True))
-    return values
+        stored.update(zip(unknown, found or (None,) * len(unknown), strict=True))
+    return stored, current
 
 
 def _fence_named(
@@ -282,10 +293,13 @@ def _guard(
     def what() -> str:
         return _describe(action, spec, target)
 
-    stored = _name(spec, _stored_values(spec, state, connection))
+    stored_values, written_values = _lock_values(spec, state, connection)
+    stored = _name(spec, stored_values)
     fences = [_fence_named(spec, stored, session, what)]
     if written is not None:
-        destination = _name(spec, {field: getattr(written.obj(), field) for field, _ in spec.fields})
+        if written is not state:  # a row switch: the new object's values are written over the old row
+            written_values = {field: getattr(written.obj(), field) for field, _ in spec.fields}
+        destination = _name(spec, written_values)
         if destination != stored:
             fences.append(_fence_named(spec, destination, session, what))
     read = _read(spec, state, connection)

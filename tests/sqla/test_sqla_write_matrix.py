@@ -35,8 +35,8 @@ import psycopg
 import pytest
 from psycopg import sql
 from sqla.conftest import Database, _postgres_url
-from sqla.models import Account, Base, Car, Counter, Entry
-from sqlalchemy import Engine, delete, insert, select, update
+from sqla.models import Account, Base, Car, Counter, Entry, Plain
+from sqlalchemy import Engine, delete, event, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, defer, make_transient_to_detached, sessionmaker
 
@@ -559,3 +559,43 @@ def test_moving_a_child_to_another_parent_needs_both_parents_locks(
         assert (outcome, after) == ("landed", (destination, tokens[1]))
     else:
         assert (outcome, after) == ("LockNotOwned", (source, 0)), f"moved holding only the {holds} lock"
+
+
+@pytest.mark.parametrize("expire", [False, True], ids=["kept", "expired_by_commit"])
+def test_an_accepted_write_costs_no_extra_statement(
+    expire: bool, mdb: Database, mengine: Engine, lock_client: distlock.Client
+) -> None:
+    """Read, then write: the fenced flush sends what a plain model's flush sends, statement for statement, the read
+    being the claim (one UPDATE ... RETURNING); also when a commit in between expired the object (its token is not
+    loaded again: the one it was claimed with is kept beside it; what SQLAlchemy itself loads, both load)."""
+    row_id = secrets.randbelow(2**31 - 2) + 1
+    with Session(mengine) as seeding:
+        seeding.add_all([Counter(id=row_id, value=1), Plain(id=row_id, value=1)])
+        seeding.commit()
+
+    def statements(read: Callable[[Session], Any]) -> list[str]:
+        sent: list[str] = []
+
+        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if not statement.lstrip().upper().startswith(("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "PRAGMA")):
+                sent.append(statement.split(maxsplit=1)[0].upper())
+
+        with Session(mengine) as session:
+            event.listen(mengine, "before_cursor_execute", count)
+            try:
+                found = read(session)
+                if expire:
+                    session.commit()
+                found.value = 7
+                session.commit()
+            finally:
+                event.remove(mengine, "before_cursor_execute", count)
+        return sent
+
+    plain = statements(lambda session: session.get(Plain, row_id))
+    with lock_client.lock(f"counter:{row_id}", ttl=30) as lock:
+        fenced = statements(lambda session: claim_one(session, Counter, row_id))
+        token = lock.token
+    assert row(mengine, row_id) == (7, token)
+    assert plain[0] == "SELECT" and fenced[0] == "UPDATE"
+    assert fenced[1:] == plain[1:], (fenced, plain)
