@@ -456,11 +456,21 @@ class FencedQuerySet(models.QuerySet[_M]):
         """The long way: read the rows to name their locks, claim them per token in a transaction."""
         using = self.db
         base = self.model._base_manager.using(using)
-        rows = list(base.filter(pk__in=self.values("pk")))
+        rows = list(base.filter(pk__in=self._pks()))
         by_token = self._fences(rows, explicit)
         with transaction.atomic(using=using):
             for token, pks in by_token.items():
                 self._claim_rows(pks, token, token, using, "fenced read")
+
+    def _pks(self) -> Any:
+        """This queryset's pks as a subquery, or read first where the database refuses a sliced one (MariaDB and
+        MySQL: no ``LIMIT`` in an ``IN`` subquery; ``get()`` slices)."""
+        pks = self.values("pk")
+        if self.query.is_sliced and not connections[self.db].features.allow_sliced_subqueries_with_in:
+            listed: Any = pks.values_list("pk", flat=True)
+            listed._distlock_claim = False  # a plain read of the pks, not a claim
+            return list(listed)
+        return pks
 
     def _claim_rows(self, pks: list[Any], guard: int, token: int, using: str, action: str) -> None:
         """Set ``fence_token = token`` on rows ``pks`` where it is ``<= guard``: one UPDATE of the table holding
@@ -484,7 +494,7 @@ class FencedQuerySet(models.QuerySet[_M]):
         multi_table = bool(self.model._meta.parents)
         with transaction.atomic(using=using):
             # Locking reads where the database has them: the rows' lock names are read as stored, and kept so.
-            rows = list(base.select_for_update().filter(pk__in=self.values("pk")))
+            rows = list(base.select_for_update().filter(pk__in=self._pks()))
             by_token = self._fences(rows, fence)
             moves = self._moves(rows, values)
             for token, pks in by_token.items():

@@ -47,17 +47,35 @@ def _database_access_blocked(django_db_blocker: DjangoDbBlocker) -> Iterator[Non
         yield
 
 
+def _names_maria(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("django_db")
+    return marker is not None and "maria" in (marker.kwargs.get("databases") or ())
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(
-    django_db_modify_db_settings_parallel_suffix: None, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory
+    django_db_modify_db_settings_parallel_suffix: None,
+    postgres_dsn: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """Before pytest-django creates the test databases: ``pg`` on the session's PostgreSQL, SQLite in a file."""
+    """Before pytest-django creates the test databases: ``pg`` on the session's PostgreSQL, SQLite in a file, and
+    ``maria`` on the session's MariaDB when a selected test names it (the write-path matrix); pytest-django creates
+    only the databases the selected tests name."""
     from django.db import connections
-    from djangotests.testsettings import _pg
+    from djangotests.testsettings import _maria, _pg
 
     connections.settings["pg"].update(_pg(postgres_dsn))
     sqlite = connections.settings["default"]
     sqlite["TEST"] = {**sqlite.get("TEST", {}), "NAME": str(tmp_path_factory.mktemp("django") / "test.sqlite3")}
+    if any(_names_maria(item) for item in request.session.items):
+        server = request.getfixturevalue("mariadb_server")
+        # Django creates (and drops) test_djangotests itself: a user of its own may.
+        server.sql(
+            "CREATE USER IF NOT EXISTS 'django'@'127.0.0.1' IDENTIFIED BY 'django'; "
+            "GRANT ALL PRIVILEGES ON `test_djangotests`.* TO 'django'@'127.0.0.1';"
+        )
+        connections.settings["maria"].update(_maria(server.port))
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ BAD_VALUES = [
     ("URL", "distlock.E002", "http://x", "scheme must be one of"),
     ("URL", "distlock.E002", "etcd://h:notaport", "bad port"),
     ("URL", "distlock.E002", 2379, "must be a non-empty str"),
-    ("URL", "distlock.E002", "django://nosuch", "names no database; DATABASES has default, pg"),
+    ("URL", "distlock.E002", "django://nosuch", "names no database; DATABASES has default, maria, pg"),
     ("OPTIONS", "distlock.E006", ["connect_timeout", 1], "must be a dict"),
     ("OPTIONS", "distlock.E006", {"colour": "red"}, "unknown connect() option"),
     ("OPTIONS", "distlock.E006", {"request_timeout": "5"}, "finite number of seconds"),

@@ -72,6 +72,16 @@ def test_a_stale_write_in_a_view_answers_409(db_alias: str, client: Client) -> N
     assert not _held(f"account:{account.pk}")
 
 
+def test_a_stale_write_under_the_middleware_answers_409_as_under_the_decorator(db_alias: str, client: Client) -> None:
+    account = Account.objects.create(balance=1)
+    Account.objects.filter(pk=account.pk).update(fence_token=2**62)  # a newer holder has claimed the row
+    response = client.post(f"/mw/stale/{account.pk}/")
+    assert response.status_code == 409
+    assert response.content == client.post(f"/stale/{account.pk}/").content  # the decorator's answer
+    assert Account.objects.get().balance == 1
+    assert not _held(f"mw:{account.pk}")
+
+
 def test_async_view_under_asgi_and_class_based_view(db_alias: str, client: Client, async_client: AsyncClient) -> None:
     async def call() -> Any:
         return await async_client.get("/async/7/")

@@ -41,7 +41,7 @@ from djangotests.testapp.matrix_models import MxItem, MxOwner, MxShelved, MxSub
 import distlock
 from distlock_django import conf, get_client, lock_name
 
-DATABASES = {"sqlite": "default", "postgres": "pg"}
+DATABASES = {"sqlite": "default", "postgres": "pg", "mariadb": "maria"}
 _pks = itertools.count(1)
 
 # Every cell commits (its locks are real, and asave() writes from another thread): transactional, flushing only the
@@ -434,6 +434,39 @@ def test_a_move_needs_both_locks(api: str, state: str, holds: str, mode: str, al
     else:
         assert result == "LockNotOwned", f"a move holding only the {holds}'s lock: {result}"
         assert after == before
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["locked", "unlocked"])
+def test_django_own_save_errors_are_raised_as_django_raises_them(held: bool, mode: str, alias: str) -> None:
+    """``save(update_fields=["typo"])`` and an unsaved related object raise Django's ``ValueError`` before anything
+    is written; a related object saved after assignment is stored by its pk, not as NULL."""
+    cell = _make(MxItem)
+    lock = get_client().lock(cell.name, ttl=10)
+    ours = _context()
+    if held:
+        assert ours.run(lock.acquire)
+    try:
+        item = ours.run(MxItem.objects.get, pk=cell.pk)
+        before = _snapshot(cell)
+        item.value = 999
+        if held or mode == "on":
+            with pytest.raises(ValueError, match="typo"):
+                ours.run(item.save, update_fields=["typo"])
+            item.owner = MxOwner(name="unsaved")
+            with pytest.raises(ValueError, match="unsaved related object"):
+                ours.run(item.save)
+            assert _snapshot(cell) == before
+            owner = item.owner
+            owner.save()  # saved after it was assigned: Django stores its pk
+            ours.run(item.save)
+            assert MxItem.objects.get(pk=cell.pk).owner_id == owner.pk
+        else:
+            with pytest.raises(distlock.UnfencedWrite):
+                ours.run(item.save, update_fields=["value"])
+            assert _snapshot(cell) == before
+    finally:
+        if held:
+            ours.run(lock.release)
 
 
 def test_the_matrix_is_generated_whole() -> None:

@@ -24,6 +24,27 @@ def _pg(url: str) -> dict[str, Any]:
     }
 
 
+def _maria(port: int) -> dict[str, Any]:
+    """A MariaDB of the session, through PyMySQL (as MySQLdb): only the tests that name ``maria`` use it."""
+    return {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": "djangotests",
+        "USER": "django",
+        "PASSWORD": "django",
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {"charset": "utf8mb4"},
+    }
+
+
+try:  # Django's MySQL backend imports MySQLdb; PyMySQL (the sqltable-mysql extra) stands in for it
+    import pymysql
+
+    pymysql.install_as_MySQLdb()
+except ImportError:  # pragma: no cover - without the extra no test names the maria alias
+    pass
+
 SECRET_KEY = "distlock-tests"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
@@ -58,6 +79,7 @@ DATABASES = {
         "OPTIONS": {"timeout": 30},
     },
     "pg": _pg(os.environ.get("DISTLOCK_DJANGO_PG", "postgresql://postgres@127.0.0.1:1/postgres")),
+    "maria": _maria(1),
 }
 DATABASE_ROUTERS = ["djangotests.testapp.router.ContextRouter"]
 ROOT_URLCONF = "djangotests.testapp.urls"

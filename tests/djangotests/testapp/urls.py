@@ -14,6 +14,7 @@ urlpatterns = [
     path("async/<int:pk>/", views.async_view, name="async"),
     path("cbv/<int:pk>/", views.AccountView.as_view(), name="cbv"),
     path("stream/<str:name>/", views.stream, name="stream"),
+    path("mw/stale/<str:name>/", views.middleware_stale_write, name="mw-stale"),
     path("mw/<str:name>/", views.middleware_plain, name="mw"),
     path("stale/<int:pk>/", views.stale_write, name="stale"),
 ]

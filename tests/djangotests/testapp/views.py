@@ -86,6 +86,13 @@ def stale_write(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponse("written")
 
 
+def middleware_stale_write(request: HttpRequest, name: str) -> HttpResponse:
+    """Under the middleware's lock (rule ``^/mw/``): a write with an old token of the row's lock is refused."""
+    account = Account.objects.get(pk=int(name))
+    account.save(fence=distlock.Fence(f"dj:account:{name}", 1))
+    return HttpResponse("written")
+
+
 def atomic_increment(pk: int) -> int:
     """Increment under the lock inside a transaction the caller opened (release must wait for its commit)."""
 
