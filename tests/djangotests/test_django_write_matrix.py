@@ -27,6 +27,8 @@ import contextlib
 import contextvars
 import itertools
 import pickle
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +38,7 @@ from django.db import connections, models
 from django.db.models import F
 from django.test.utils import override_settings
 from djangotests.testapp import router
-from djangotests.testapp.matrix_models import MxItem, MxOwner, MxShelved, MxSub
+from djangotests.testapp.matrix_models import MxBase, MxItem, MxOwner, MxShelved, MxSub
 
 import distlock
 from distlock_django import conf, get_client, lock_name
@@ -467,6 +469,98 @@ def test_django_own_save_errors_are_raised_as_django_raises_them(held: bool, mod
     finally:
         if held:
             ours.run(lock.release)
+
+
+# --- multi-table inheritance under a racing claim (PostgreSQL) ----------------------------------------------------
+
+RACE_OPS = ["save", "save_update_fields", "delete", "fenced_iter", "fenced_update"]
+
+
+@pytest.mark.parametrize("op", RACE_OPS)
+def test_a_multi_table_write_never_overwrites_a_claim_committed_before_it(op: str, matrix_db: None) -> None:
+    """A (stale) writes a multi-table child; B's claim (newer token) commits just before A's first UPDATE or DELETE
+    of the parent's table (where ``fence_token`` is), or waits for A's transaction if A holds the row. Either A is
+    refused, or B's claim comes after A's write: the row's token ends as B's and the row exists.
+
+    The race is made, not hoped for: a database execute wrapper on A's connection runs B (in a thread, its own
+    connection) before that statement, and waits until B has committed or is seen waiting for A's row lock."""
+    router.CURRENT[0] = "pg"
+    try:
+        _race(op)
+    finally:
+        router.CURRENT[0] = "default"
+
+
+def _race(op: str) -> None:
+    cell = _make(MxSub)
+    client = get_client()
+    a_context, b_context = _context(), _context()
+    a = client.lock(cell.name, ttl=10)
+    assert a_context.run(a.acquire)
+    obj: Any = a_context.run(_read, cell, "fresh", True) if op in {"save", "save_update_fields", "delete"} else None
+    assert client.force_release(cell.name, a.token)
+    b = client.lock(cell.name, ttl=10)
+    assert b_context.run(b.acquire)
+    b_token = b.token
+    b_done = threading.Event()
+    b_result: list[str] = []
+    b_waited = [False]
+
+    def claim_b() -> None:
+        try:
+            b_result.append(b_context.run(_attempt, lambda: list(MxSub.objects.filter(pk=cell.pk).fenced())))
+        finally:
+            connections["pg"].close()
+            b_done.set()
+
+    parent = MxBase._meta.db_table
+
+    def before_a_writes(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        writes = sql.lstrip().upper().startswith(("UPDATE", "DELETE")) and parent in sql
+        if writes and not b_done.is_set() and not b_result:
+            b_result.append("started")
+            threading.Thread(target=claim_b).start()
+            deadline = time.monotonic() + 30
+            while not b_done.wait(0.01):  # B committed, or (below) B waits for a row lock A holds
+                with connections["pg"].cursor() as probe:
+                    probe.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database()"
+                    )
+                    if probe.fetchone()[0]:
+                        b_waited[0] = True
+                        break
+                assert time.monotonic() < deadline, "B neither committed nor waited for A"
+        return execute(sql, params, many, context)
+
+    def write() -> None:
+        if op == "save":
+            _set(obj).save()
+        elif op == "save_update_fields":
+            _set(obj).save(update_fields=["value"])
+        elif op == "delete":
+            obj.delete()
+        elif op == "fenced_iter":
+            list(MxSub.objects.filter(pk=cell.pk).fenced())
+        else:
+            MxSub.objects.filter(pk=cell.pk).fenced_update(value=999)
+
+    try:
+        with connections["pg"].execute_wrapper(before_a_writes):
+            a_result = a_context.run(_attempt, write)
+        b_done.wait(30)
+    finally:
+        b_context.run(b.release)
+        with contextlib.suppress(distlock.DistlockError):
+            a_context.run(a.release)
+    assert b_result and b_result[-1] == "wrote", f"B's claim: {b_result}"
+    after = _snapshot(cell)
+    assert after.exists, "A's stale delete removed a row B had claimed"
+    assert after.token == b_token, f"the row's token went back: {after.token} < B's {b_token} (A: {a_result})"
+    if a_result == "wrote":
+        assert b_waited[0], "A's write landed after B's claim had committed"
+    else:
+        assert a_result == "StaleFenceToken"
 
 
 def test_the_matrix_is_generated_whole() -> None:
