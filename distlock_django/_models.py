@@ -560,7 +560,10 @@ class FencedQuerySet(models.QuerySet[_M]):
         It leaves ``fence_token`` alone unless told to set it (``update(fence_token=...)`` is the one raw write of
         the token this library lets through; the opt-in database guard refuses lowering it).
         """
-        self._plain_write("QuerySet.update()", "use fenced_update()")
+        if conf()["FENCING"] == "strict" and self.exists():
+            # Only an UPDATE that matches rows is a write: Django's deletion collector updates SET_NULL relations
+            # through a queryset that often matches none, and deleting a parent must not be refused for it.
+            self._plain_write("QuerySet.update()", "use fenced_update()")
         return super().update(**values)
 
     def _plain_write(self, what: str, instead: str) -> None:

@@ -105,17 +105,19 @@ class Snapshot:
     exists: bool
     value: int | None
     owner_id: int | None
+    keeper_id: int | None
     token: int | None
     new_exists: bool
     owners: int
 
 
 def _snapshot(cell: Cell) -> Snapshot:
-    row = cell.model._base_manager.filter(pk=cell.pk).values("value", "owner_id", "fence_token").first()
+    row = cell.model._base_manager.filter(pk=cell.pk).values("value", "owner_id", "keeper_id", "fence_token").first()
     return Snapshot(
         exists=row is not None,
         value=None if row is None else row["value"],
         owner_id=None if row is None else row["owner_id"],
+        keeper_id=None if row is None else row["keeper_id"],
         token=None if row is None else row["fence_token"],
         new_exists=cell.model._base_manager.filter(pk=cell.new_pk).exists(),
         owners=MxOwner.objects.filter(pk__in=[cell.owner.pk, cell.owner2.pk]).count(),
@@ -126,7 +128,7 @@ def _make(model: Any) -> Cell:
     """A row of its own (value 1, owned), created under its lock: its token is a real one, above 0."""
     cell = Cell(model, next(_pks), MxOwner.objects.create(), MxOwner.objects.create())
     with get_client().lock(cell.name, ttl=10):
-        model.objects.create(pk=cell.pk, value=1, owner=cell.owner)
+        model.objects.create(pk=cell.pk, value=1, owner=cell.owner, keeper=cell.owner2)
     return cell
 
 
@@ -142,7 +144,7 @@ def _read(cell: Cell, state: str, locked: bool) -> Any:
         return rows.fenced().get() if locked else rows.get()
     if state == "from_pk":
         # ``id`` too: a multi-table child built from its pk alone has no parent pk, and Django's own delete() fails.
-        return cell.model(pk=cell.pk, id=cell.pk, value=1, owner_id=cell.owner.pk)
+        return cell.model(pk=cell.pk, id=cell.pk, value=1, owner_id=cell.owner.pk, keeper_id=cell.owner2.pk)
     if state == "deferred":
         return rows.only("value").get()
     if state == "pickled":
@@ -210,6 +212,13 @@ APIS = [
     ),
     Api("qs_delete", "fenced", "gone", lambda c, o: c.model.objects.filter(pk=c.pk).delete(), instance=False),
     Api("cascade", "fenced", "gone", lambda c, o: MxOwner.objects.filter(pk=c.owner.pk).delete(), instance=False),
+    Api(
+        "cascade_set_null",
+        "plain",
+        "unkept",
+        lambda c, o: MxOwner.objects.filter(pk=c.owner2.pk).delete(),
+        instance=False,
+    ),
     Api("qs_update", "plain", "value", lambda c, o: c.model.objects.filter(pk=c.pk).update(value=999), instance=False),
     Api(
         "qs_update_F",
@@ -290,6 +299,7 @@ def _landed(what: str, cell: Cell, after: Snapshot, token: int | None) -> bool:
         "gone": not after.exists,
         "owner2": after.owner_id == cell.owner2.pk,
         "unowned": after.exists and after.owner_id is None,
+        "unkept": after.exists and after.keeper_id is None,
         "new": after.new_exists,
         "claimed": after.token == token,
     }

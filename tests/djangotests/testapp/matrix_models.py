@@ -27,6 +27,9 @@ class MxItem(FencedModel):
     owner: models.ForeignKey[MxOwner | None, MxOwner | None] = models.ForeignKey(
         MxOwner, null=True, on_delete=models.CASCADE, related_name="items"
     )
+    keeper: models.ForeignKey[MxOwner | None, MxOwner | None] = models.ForeignKey(
+        MxOwner, null=True, on_delete=models.SET_NULL, related_name="kept_items"
+    )
 
     fence_lock = "mx:{pk}"
 
@@ -38,6 +41,9 @@ class MxBase(FencedModel):
     value: models.IntegerField[int, int] = models.IntegerField(default=0)
     owner: models.ForeignKey[MxOwner | None, MxOwner | None] = models.ForeignKey(
         MxOwner, null=True, on_delete=models.CASCADE, related_name="bases"
+    )
+    keeper: models.ForeignKey[MxOwner | None, MxOwner | None] = models.ForeignKey(
+        MxOwner, null=True, on_delete=models.SET_NULL, related_name="kept_bases"
     )
 
     fence_lock = "mxb:{pk}"
