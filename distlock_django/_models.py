@@ -13,11 +13,29 @@ name), writes carry the lock's fencing token and the database refuses them once 
   rows (sets ``fence_token = :t`` where it is ``<= :t``) and then reads them, all or nothing.
   Claiming on read is what stops lost updates: a write-only guard lets a paused holder that read before a newer
   holder write after it, and both writes pass. Once the newer holder has claimed, the old one's write is refused.
-- ``save()`` updates with ``WHERE fence_token <= :t`` and stores ``:t``; ``delete()`` claims, then deletes;
-  ``create()`` stores ``:t``. ``QuerySet.fenced_update(**values)`` updates many rows, each under its own lock's
-  token, all or nothing.
+- ``save()`` is Django's own (signals, ``update_fields`` checks, related objects, inheritance); its UPDATE
+  (``_do_update``) is ``... SET ..., fence_token = :t WHERE pk = :pk AND fence_token <= :t AND <the template's
+  fields = the values the lock name was rendered from>``, whatever the instance's history (read with
+  ``.fenced()``, built from a pk, refreshed, deferred, unpickled): the statement decides, never the token Python
+  holds. ``create()`` stores ``:t``. Every deletion of a fenced row (``delete()``, ``QuerySet.delete()``, a cascade,
+  also from a plain parent) claims it first, in a ``pre_delete`` receiver inside Django's deletion transaction.
+  ``QuerySet.fenced_update(**values)`` updates many rows, each under its own lock's token, all or nothing.
 - 0 rows where 1 was expected raise ``StaleFenceToken`` (with the token, the row and the newer token found); the
-  transaction of a bulk update is rolled back, so no row is skipped silently.
+  transaction of a bulk update is rolled back, so no row is skipped silently. Only then (never on an accepted
+  write) is the row read again, to say why: gone, claimed by a newer holder, or stored under another lock name.
+- A lock-name change is a move: a save whose row is stored under another name (its name fields differ from the
+  values the held lock's name was made from) needs that name's lock too (``LockNotOwned``), read in a locking read in
+  the write's transaction, and stores the larger token. ``fenced_update()`` reads the rows' names with
+  ``select_for_update()`` and needs the destination's lock for rows it moves. Only the row's own columns (of the
+  table holding ``fence_token``) can be compared in SQL; a template reading anything else is checked against the
+  new name only.
+- Multi-table inheritance: ``fence_token`` is in the fenced parent's table. Every guard is an UPDATE of that table
+  alone with the token in its WHERE, before (and in one transaction with) the writes of the child's own table.
+- Plain writes (no lock, ``FENCING = "on"``) leave ``fence_token`` out: a plain ``save()`` never lowers a row's
+  token. ``QuerySet.update()``, ``bulk_update()``, ``bulk_create()`` (and its upsert) and the base manager's
+  writes (a reverse foreign key's ``add()``/``remove()``/``clear()``, ``on_delete=SET_NULL``) are plain; in strict
+  mode they raise ``UnfencedWrite`` before writing (an UPDATE matching no row is no write and passes).
+  ``bulk_update()`` or an upsert naming ``fence_token`` raises ``ConfigurationError``.
 
 How a claim runs. Where the database has ``UPDATE ... RETURNING`` (PostgreSQL, SQLite >= 3.35) and the rows can be
 named in SQL, one statement claims and reads::
@@ -34,8 +52,9 @@ for INSERT and DELETE only), a template other than one integer field (``"account
 constant, and querysets the statement cannot reproduce (``values()``, ``select_related()``, annotations, ``distinct()``,
 unions, multi-table inheritance, related managers, an ordering other than by non-null numeric, date or boolean
 fields, which Python sorts as the database does) — reads the rows to name their locks, claims them per token in a
-transaction, then reads them again. A deferred row (``only()``/``defer()``) saves its loaded fields only, as
-Django's ``save()`` does.
+transaction, then reads them again (on MariaDB/MySQL a sliced queryset's pks are read first: no ``LIMIT`` in an
+``IN`` subquery there). ``aiterator()`` claims as ``iterator()`` does. A deferred row (``only()``/``defer()``)
+saves its loaded fields only, as Django's ``save()`` does.
 
 The token is found in the current context: the innermost held lock *whose name is the row's lock name*. A fence
 of another lock, passed explicitly (``save(fence=...)``), or the only locks held being others, raises
