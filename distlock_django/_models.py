@@ -579,7 +579,7 @@ class FencedQuerySet(models.QuerySet[_M]):
         It leaves ``fence_token`` alone unless told to set it (``update(fence_token=...)`` is the one raw write of
         the token this library lets through; the opt-in database guard refuses lowering it).
         """
-        if conf()["FENCING"] == "strict" and self.exists():
+        if conf()["FENCING"] == "strict" and issubclass(self.model, FencedModel) and self.exists():
             # Only an UPDATE that matches rows is a write: Django's deletion collector updates SET_NULL relations
             # through a queryset that often matches none, and deleting a parent must not be refused for it.
             self._plain_write("QuerySet.update()", "use fenced_update()")
