@@ -37,6 +37,33 @@ def pytest_configure(config: pytest.Config) -> None:
     sys.path.insert(0, str(HERE.parent))
     os.environ["DJANGO_SETTINGS_MODULE"] = "djangotests.testsettings"
     django.setup()
+    _load_mysql_backend_on_pymysql()
+
+
+def _load_mysql_backend_on_pymysql() -> None:
+    """Django's MySQL backend (the ``maria`` alias) on PyMySQL when mysqlclient is missing, loaded once, now.
+
+    As ``test_django_guard.py`` does it: a *copy* of PyMySQL named ``MySQLdb`` while the backend is imported, then
+    removed (``pymysql.install_as_MySQLdb()`` would let the ``MySQLdb.*`` submodules Django imports replace
+    ``pymysql.err``, and later PyMySQL users would miss the exceptions PyMySQL raises)."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("MySQLdb") is not None:
+        return
+    try:
+        import pymysql
+    except ImportError:  # without the sqltable-mysql extra no test can name the maria alias
+        return
+    shim = types.ModuleType("MySQLdb")
+    shim.__dict__.update({k: v for k, v in vars(pymysql).items() if k not in ("__name__", "__spec__", "__loader__")})
+    shim.version_info = (2, 2, 1, "final", 0)  # type: ignore[attr-defined]  # Django's minimum mysqlclient
+    sys.modules["MySQLdb"] = shim
+    try:
+        import django.db.backends.mysql.base  # noqa: F401
+    finally:
+        for name in [name for name in sys.modules if name == "MySQLdb" or name.startswith("MySQLdb.")]:
+            del sys.modules[name]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -25,7 +25,8 @@ def _pg(url: str) -> dict[str, Any]:
 
 
 def _maria(port: int) -> dict[str, Any]:
-    """A MariaDB of the session, through PyMySQL (as MySQLdb): only the tests that name ``maria`` use it."""
+    """A MariaDB of the session, through PyMySQL standing in for mysqlclient (``conftest.py`` loads Django's backend
+    so): only the tests that name ``maria`` use it."""
     return {
         "ENGINE": "django.db.backends.mysql",
         "NAME": "djangotests",
@@ -37,13 +38,6 @@ def _maria(port: int) -> dict[str, Any]:
         "OPTIONS": {"charset": "utf8mb4"},
     }
 
-
-try:  # Django's MySQL backend imports MySQLdb; PyMySQL (the sqltable-mysql extra) stands in for it
-    import pymysql
-
-    pymysql.install_as_MySQLdb()
-except ImportError:  # pragma: no cover - without the extra no test names the maria alias
-    pass
 
 SECRET_KEY = "distlock-tests"
 DEBUG = False
