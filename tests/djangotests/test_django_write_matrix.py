@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connections, models
 from django.db.models import F
 from django.test.utils import override_settings
@@ -183,6 +184,19 @@ async def _collect(rows: Any) -> list[Any]:
     return [row async for row in rows]
 
 
+def _run(awaitable: Any) -> Any:
+    """Run an async ORM call; then close the connections its worker thread opened (Django's async ORM runs in
+    asgiref's one thread; an open connection would keep the test database from being dropped at the end)."""
+
+    async def run_and_close() -> Any:
+        try:
+            return await awaitable
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    return asyncio.run(run_and_close())
+
+
 def _upsert(cell: Cell, obj: Any) -> None:
     features = connections[router.CURRENT[0]].features
     target = {"unique_fields": ["id"]} if features.supports_update_conflicts_with_target else {}
@@ -196,9 +210,9 @@ APIS = [
     Api("save_update_fields", "fenced", "value", lambda c, o: _set(o).save(update_fields=["value"])),
     Api("save_force_update", "fenced", "value", lambda c, o: _set(o).save(force_update=True)),
     Api("save_F", "fenced", "value", lambda c, o: _set(o, F("value") + 998).save()),
-    Api("asave", "fenced", "value", lambda c, o: asyncio.run(_set(o).asave())),
+    Api("asave", "fenced", "value", lambda c, o: _run(_set(o).asave())),
     Api("delete", "fenced", "gone", lambda c, o: o.delete()),
-    Api("adelete", "fenced", "gone", lambda c, o: asyncio.run(o.adelete())),
+    Api("adelete", "fenced", "gone", lambda c, o: _run(o.adelete())),
     Api("reverse_add_bulk_false", "fenced", "owner2", lambda c, o: getattr(c.owner2, c.related).add(o, bulk=False)),
     Api("reverse_add", "plain", "owner2", lambda c, o: getattr(c.owner2, c.related).add(o)),
     Api("reverse_remove", "plain", "unowned", lambda c, o: getattr(c.owner, c.related).remove(o)),
@@ -248,7 +262,7 @@ APIS = [
         "fenced_aiterator",
         "claim",
         "claimed",
-        lambda c, o: asyncio.run(_collect(c.model.objects.filter(pk=c.pk).fenced().aiterator())),
+        lambda c, o: _run(_collect(c.model.objects.filter(pk=c.pk).fenced().aiterator())),
         instance=False,
     ),
     Api(
