@@ -9,6 +9,7 @@ ways.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import uuid
@@ -39,6 +40,15 @@ class Database:
             "sqlite": sqlite3.IntegrityError,
             "mariadb": pymysql.err.OperationalError,
         }[kind]
+
+    @contextlib.contextmanager
+    def refuses(self) -> Iterator[pytest.ExceptionInfo[Exception]]:
+        """The guard's refusal: the driver's error class (by module and name: a full run has been seen to hold a
+        second copy of PyMySQL's error module, made by Django's MySQL backend loaded on PyMySQL) and its message."""
+        with pytest.raises(Exception, match=REFUSED) as refused:
+            yield refused
+        raised = type(refused.value)
+        assert (raised.__module__, raised.__qualname__) == (self.refusal.__module__, self.refusal.__qualname__)
 
     def run(self, statement: str) -> None:
         cursor = self.connection.cursor()
@@ -95,7 +105,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Databas
 
 def test_a_raw_update_lowering_the_token_is_refused_and_changes_nothing(database: Database) -> None:
     database.install()
-    with pytest.raises(database.refusal, match=REFUSED) as refused:
+    with database.refuses() as refused:
         database.run(f"UPDATE {database.q} SET fence_token = fence_token - 1, value = 99")
     assert database.row() == (0, 5)
     if database.kind == "postgresql":
@@ -116,7 +126,7 @@ def test_updates_that_keep_raise_or_leave_the_token_pass(database: Database) -> 
     assert database.row() == (2, 8)
     database.run(f"UPDATE {database.q} SET value = 3")
     assert database.row() == (3, 8)
-    with pytest.raises(database.refusal, match=REFUSED):
+    with database.refuses():
         database.run(f"UPDATE {database.q} SET fence_token = 0")
     assert database.row() == (3, 8)
 
@@ -124,7 +134,7 @@ def test_updates_that_keep_raise_or_leave_the_token_pass(database: Database) -> 
 def test_a_multi_row_update_lowering_one_row_changes_no_row(database: Database) -> None:
     database.run(f"INSERT INTO {database.q} (id, value, fence_token) VALUES (2, 0, 1)")
     database.install()
-    with pytest.raises(database.refusal, match=REFUSED):
+    with database.refuses():
         database.run(f"UPDATE {database.q} SET value = 7, fence_token = 3")  # raises row 2, lowers row 1
     cursor = database.connection.cursor()
     cursor.execute(f"SELECT id, value, fence_token FROM {database.q} ORDER BY id")
@@ -135,7 +145,7 @@ def test_a_multi_row_update_lowering_one_row_changes_no_row(database: Database) 
 def test_installing_twice_is_one_guard_and_dropping_removes_it(database: Database) -> None:
     database.install()
     database.install()
-    with pytest.raises(database.refusal, match=REFUSED):
+    with database.refuses():
         database.run(f"UPDATE {database.q} SET fence_token = 4")
     database.uninstall()
     database.uninstall()  # dropping what is not there is not an error
