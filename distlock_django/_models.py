@@ -675,7 +675,7 @@ class FencedModel(models.Model):
         finally:
             del self._distlock_write
 
-    def _do_update(  # type: ignore[override]  # Django 5.2's signature
+    def _do_update(  # type: ignore[override]  # 5.2 and 6.x signatures
         self,
         base_qs: models.QuerySet[Any],
         using: str,
@@ -683,8 +683,12 @@ class FencedModel(models.Model):
         values: list[tuple[Any, Any, Any]],
         update_fields: Iterable[str] | None,
         forced_update: bool,
-    ) -> bool:
+        *returning: Any,
+    ) -> Any:
         """Django's UPDATE of one table of a ``save()``, fenced on the table that holds ``fence_token``.
+
+        Django 5.2 returns whether a row was updated; 6.x passes ``returning_fields`` and returns the rows the UPDATE
+        returned (none: not updated). Both are passed through and answered in kind.
 
         With a lock (``found``): ``UPDATE ... SET ..., fence_token = :t WHERE pk = :pk AND fence_token <= :t AND
         <the template's fields = the values the lock name was rendered from>`` — also with ``update_fields`` that
@@ -695,18 +699,19 @@ class FencedModel(models.Model):
         write = self.__dict__.get("_distlock_write", _PLAIN)
         owner = _owner(type(self))
         if write is _PLAIN or base_qs.model is not owner:  # not from save() (raw fixtures), or a child's table
-            return bool(_django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update))
+            return _django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update, *returning)
         values = [value for value in values if value[0].attname != "fence_token"]
         if not isinstance(write, Fence):
-            return bool(_django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update))
+            return _django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update, *returning)
         names = _name_fields(type(self)) or []
         conditions = {field.attname: getattr(self, field.attname) for field in names}
         fence_field = owner._meta.get_field("fence_token")
         filtered = base_qs.filter(pk=pk_val, fence_token__lte=write.token, **conditions)
-        if filtered._update([*values, (fence_field, None, write.token)]) > 0:  # type: ignore[attr-defined]
+        updated = filtered._update([*values, (fence_field, None, write.token)], *returning)  # type: ignore[attr-defined]
+        if updated:
             self.fence_token = write.token
-            return True
-        return self._refused(base_qs, using, pk_val, values, write, conditions)
+            return updated if returning else True
+        return self._refused(base_qs, using, pk_val, values, write, returning)
 
     def _refused(
         self,
@@ -715,8 +720,8 @@ class FencedModel(models.Model):
         pk_val: Any,
         values: list[tuple[Any, Any, Any]],
         write: Fence,
-        conditions: Mapping[str, Any],
-    ) -> bool:
+        returning: tuple[Any, ...],
+    ) -> Any:
         """A fenced UPDATE matched no row (the accepted path never comes here): the row is gone, was claimed by
         a newer holder, or is stored under another lock name — a move, which needs that lock too."""
         model = type(self)
@@ -725,7 +730,7 @@ class FencedModel(models.Model):
             if stored is None:
                 if self._state.adding:
                     self.fence_token = write.token  # built from a pk, no such row: Django inserts it
-                    return False
+                    return [] if returning else False
                 raise _stale(model, pk_val, write.token, using, "fenced save")
             source = _lock_name_of(stored)
             if source == write.name:
@@ -748,10 +753,11 @@ class FencedModel(models.Model):
             token = max(held.token, write.token)
             fence_field = _owner(model)._meta.get_field("fence_token")
             filtered = base_qs.filter(pk=pk_val, fence_token__lte=held.token, **was)
-            if filtered._update([*values, (fence_field, None, token)]) != 1:  # type: ignore[attr-defined]
+            updated = filtered._update([*values, (fence_field, None, token)], *returning)  # type: ignore[attr-defined]
+            if not updated:
                 raise _stale(model, pk_val, held.token, using, "fenced save")
         self.fence_token = token
-        return True
+        return updated if returning else True
 
     def delete(
         self, using: str | None = None, keep_parents: bool = False, *, fence: Fence | distlock.Lock | None = None
@@ -769,7 +775,7 @@ class FencedModel(models.Model):
             self.__dict__.pop("_distlock_delete", None)
 
 
-# Django 5.2's own (the stubs describe a later signature).
+# Django's own (5.2's signature, or 6.x's with ``returning_fields``; the stubs describe 6.x's).
 _django_do_update: Any = cast(Any, models.Model)._do_update
 _PLAIN = object()  # no fence decided by save()/delete() for this write
 
