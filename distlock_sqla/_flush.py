@@ -8,7 +8,8 @@ in a greenlet that runs in the awaiting task's context, so the lock held by ``as
   versioned UPDATE: ``SET ..., fence_token = :t WHERE pk = :pk AND fence_token = :read``, where ``:read`` is the
   token the object's data was read with, and the flush refuses an object read with a token newer than ``t`` before
   writing. Changing a field the lock name is made of moves the row to another lock: both locks must be held here
-  (``LockNotOwned`` otherwise), the read must be no newer than either token, and the row gets the destination's.
+  (``LockNotOwned`` otherwise), the read must be no newer than the source lock's token, and the row gets the larger
+  of the two tokens (its token never goes down).
 - **DELETE**: the same check, ``WHERE fence_token = :read``.
 - **INSERT**: stores ``t`` (or 0 outside the lock). A delete and an add of the same key in one flush, which
   SQLAlchemy writes as one UPDATE of the old row ("row switch"), is fenced as an update of the old row.
@@ -285,8 +286,9 @@ def _guard(
     The row's lock is named from the row as stored; an update that changes a field of the name moves the row to
     another lock and needs both (the fence of the lock held here of each name, ``LockNotOwned`` if one is
     missing). The statement SQLAlchemy emits compares ``fence_token`` with the token the object was read with
-    (:func:`_read`), made its committed value here; a read newer than a fence's token is refused before anything is
-    written. The row is written with the destination lock's token, or, outside any lock, keeps its token.
+    (:func:`_read`), made its committed value here; a read newer than the source lock's token is refused before
+    anything is written. The row is written with the larger token of its locks, or, outside any lock, keeps its
+    token.
     """
     target = state.obj()
 
@@ -303,10 +305,11 @@ def _guard(
         if destination != stored:
             fences.append(_fence_named(spec, destination, session, what))
     read = _read(spec, state, connection)
-    fence = fences[-1]
-    for held in fences:
-        if held is not None and read is not None and read > held.token:
-            raise stale(what(), held.token, target, read, family=spec.template.template, lock=held.name)
+    source = fences[0]
+    if source is not None and read is not None and read > source.token:
+        raise stale(what(), source.token, target, read, family=spec.template.template, lock=source.name)
+    # Written with the larger token of the locks involved: the row's token never goes down, whichever is newer.
+    fence = max((held for held in fences if held is not None), key=lambda held: held.token, default=None)
     if read is not None:
         set_committed_value(target, FENCE_COLUMN, read)
         if written is not None:

@@ -382,9 +382,9 @@ def _write(
     """Run ``statement(pks, bound, token)`` per lock name and chunk, all or nothing: the rows written and the token
     each was written with. ``StaleFenceToken`` on a short count.
 
-    A row written with ``token`` must carry no token above ``bound``: its lock's token, or for a row moving to the
-    lock ``destinations`` names, the smaller of the two locks' tokens (it is written with the destination's: a
-    row's token never goes down).
+    A row written with ``token`` must carry no token above ``bound``, its lock's token; a row moving to the lock
+    ``destinations`` names needs that lock too and is written with the larger of the two tokens (a row's token never
+    goes down, whichever lock is newer).
     """
     groups: dict[tuple[str, str], list[PK]] = {}
     fences: dict[str, Fence] = {}
@@ -398,8 +398,8 @@ def _write(
     tokens: dict[PK, int] = {}
     with _all_or_nothing(executor, len(names) > 1):
         for (name, destination), pks in groups.items():
-            token = fences[destination].token
-            bound = min(fences[name].token, token)
+            bound = fences[name].token
+            token = max(bound, fences[destination].token)
             for start in range(0, len(pks), _CHUNK):
                 chunk = pks[start : start + _CHUNK]
                 matched = _execute(executor, statement(chunk, bound, token)).rowcount  # type: ignore[attr-defined]
