@@ -10,21 +10,16 @@ change nothing; UPDATEs that keep, raise or leave the token pass; unapplying rem
 not.
 
 MariaDB: Django's MySQL backend needs mysqlclient (MySQLdb), a C extension that the dev extra does not install
-(it builds against libmariadb's headers). Here the backend runs on PyMySQL through its MySQLdb compatibility
-(``pymysql.install_as_MySQLdb()``, with the version Django asks for), on a connection added for the test to the
-session's MariaDB.
+(it builds against libmariadb's headers). Here the backend runs on PyMySQL standing in for it (loaded once by
+conftest.py), on a connection added for the test to the session's MariaDB.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import pymysql
 import pytest
 from django.apps import apps
 from django.db import IntegrityError, OperationalError, connections, migrations, models
@@ -41,26 +36,6 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "pg"]
 REFUSED = "distlock fence guard: refused an UPDATE lowering"
 
 
-def _load_mysql_backend_on_pymysql() -> None:
-    """Import Django's MySQL backend with PyMySQL standing in for mysqlclient when mysqlclient is missing.
-
-    What ``pymysql.install_as_MySQLdb()`` does, on a copy of the module: the submodules Django imports as
-    ``MySQLdb.*`` are loaded again under that name and set as attributes of their parent, which must not be
-    PyMySQL itself (``pymysql.err`` would then no longer hold the exceptions PyMySQL raises).
-    """
-    if importlib.util.find_spec("MySQLdb") is not None:
-        return
-    shim = types.ModuleType("MySQLdb")
-    shim.__dict__.update({k: v for k, v in vars(pymysql).items() if k not in ("__name__", "__spec__", "__loader__")})
-    shim.version_info = (2, 2, 1, "final", 0)  # type: ignore[attr-defined]  # Django's minimum mysqlclient
-    sys.modules["MySQLdb"] = shim
-    try:
-        import django.db.backends.mysql.base  # noqa: F401
-    finally:
-        for name in [name for name in sys.modules if name == "MySQLdb" or name.startswith("MySQLdb.")]:
-            del sys.modules[name]
-
-
 @pytest.fixture(params=["default", "pg", "mariadb"], ids=["sqlite", "postgres", "mariadb"])
 def alias(request: pytest.FixtureRequest) -> Iterator[str]:
     """A database alias: the test databases pytest-django made, or one on the session's MariaDB for this test."""
@@ -68,7 +43,7 @@ def alias(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
         return
     server: MariaDBServer = request.getfixturevalue("mariadb_server")
-    _load_mysql_backend_on_pymysql()
+    # Django's MySQL backend, on PyMySQL when mysqlclient is missing: loaded by conftest.py when pytest starts.
     from django.db.backends.mysql.base import DatabaseWrapper
 
     database = {"ENGINE": "django.db.backends.mysql", "NAME": "distlock", "USER": "distlock"}
