@@ -52,6 +52,11 @@ def _postgres_url(dsn: str, schema: str) -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
     """A fresh database with the test models' tables, on SQLite or PostgreSQL."""
+    yield from fresh_database(request, tmp_path_factory)
+
+
+def fresh_database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """What the ``db`` fixture yields (on ``request.param``'s database), for fixtures of other scopes to share."""
     if request.param == "sqlite":
         path = tmp_path_factory.mktemp("sqla") / "db.sqlite3"
         database = Database("sqlite", f"sqlite:///{path}")

@@ -26,16 +26,13 @@ import itertools
 import pickle
 import secrets
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
-from sqla.conftest import Database, _postgres_url
-from sqla.models import Account, Base, Car, Counter, Entry, Plain
+from sqla.conftest import Database, fresh_database
+from sqla.models import Account, Car, Counter, Entry, Plain
 from sqlalchemy import Engine, delete, event, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, defer, make_transient_to_detached, sessionmaker
@@ -149,22 +146,7 @@ def expected(cell: Cell) -> str:
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def mdb(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
     """One database for the module's cells (each cell uses rows of its own)."""
-    schema = None
-    if request.param == "sqlite":
-        database = Database("sqlite", f"sqlite:///{tmp_path_factory.mktemp('matrix') / 'db.sqlite3'}")
-    else:
-        dsn: str = request.getfixturevalue("postgres_dsn")
-        schema = f"matrix_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        database = Database("postgresql", _postgres_url(dsn, schema))
-    engine = database.engine()
-    Base.metadata.create_all(engine)
-    engine.dispose()
-    yield database
-    if schema is not None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    yield from fresh_database(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
