@@ -10,7 +10,10 @@ reported at once, one message per bad key, each with the key's own id:
 - ``distlock.E006`` ``OPTIONS``, ``E007`` ``TTL``, ``E008`` ``TIMEOUT``, ``E009`` ``KEY_PREFIX``, ``E010``
   ``FENCING``, ``E011`` ``CONTENTION_STATUS``, ``E012`` ``RETRY_AFTER``, ``E013`` ``CONFLICT_STATUS``;
 - ``distlock.W001`` an unknown key (a warning, with the closest known key);
-- ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks.
+- ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks;
+- ``distlock.E014`` (``FENCING = "strict"``) / ``distlock.W002`` (otherwise) a fenced model with a manager whose
+  queryset is not a ``FencedQuerySet``: its ``update()``, ``bulk_*`` and upserts bypass strict mode and the
+  ``fence_token`` guards.
 
 None of them connects to the lock service. The keys and ids are documented in docs/reference/django-settings.md.
 """
@@ -66,6 +69,7 @@ def check_fenced_models(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         except distlock.InvalidKeyTemplate as e:
             errors.append(checks.Error(str(e), obj=model, id="distlock.E004"))
             continue
+        errors += _plain_managers(model)
         names = {"pk", "self"} | {f.name for f in model._meta.get_fields()}
         names |= {f.attname for f in model._meta.concrete_fields}
         missing = [field for field in template.fields if field not in names and not hasattr(model, field)]
@@ -80,3 +84,29 @@ def check_fenced_models(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 )
             )
     return errors
+
+
+def _plain_managers(model: Any) -> list[checks.CheckMessage]:
+    """A manager of a fenced model whose queryset is Django's own (``models.Manager()``, ``MyQuerySet.as_manager()``
+    of a plain ``QuerySet``) writes past the fence: strict mode cannot refuse what it never sees."""
+    from ._models import FencedQuerySet
+
+    configured = getattr(settings, "DISTLOCK", None)
+    strict = isinstance(configured, dict) and configured.get("FENCING") == "strict"
+    found: list[checks.CheckMessage] = []
+    for manager in model._meta.managers:
+        if issubclass(manager._queryset_class, FencedQuerySet):
+            continue
+        level, check_id = (checks.Error, "distlock.E014") if strict else (checks.Warning, "distlock.W002")
+        found.append(
+            level(
+                f"{model._meta.label}.{manager.name} is a manager of a FencedModel whose queryset "
+                f"({manager._queryset_class.__name__}) is not a distlock_django.FencedQuerySet: its update(), "
+                "bulk_create(), bulk_update() and upserts are plain writes that strict mode cannot refuse",
+                hint="Derive the queryset from distlock_django.FencedQuerySet (class MyQuerySet(FencedQuerySet): ...; "
+                "objects = MyQuerySet.as_manager()), or the manager from distlock_django.FencedManager.",
+                obj=model,
+                id=check_id,
+            )
+        )
+    return found

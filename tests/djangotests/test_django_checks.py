@@ -216,3 +216,31 @@ def test_a_fenced_model_whose_template_names_a_missing_field_is_reported() -> No
     messages = check_fenced_models(app_configs=[Good._meta.apps.get_app_config("testapp")])
     by_model = {m.obj.__name__: m.id for m in messages}
     assert by_model == {"Broken": "distlock.E004", "Unset": "distlock.E004"}, messages
+
+
+@isolate_apps("djangotests.testapp")
+@pytest.mark.parametrize("fencing", ["on", "strict"])
+def test_a_fenced_model_with_a_plain_manager_is_reported(fencing: str, settings: Any) -> None:
+    """A custom manager on Django's QuerySet would write past the fence (and past strict mode): reported by name."""
+    from distlock_django import FencedQuerySet
+
+    class Rich(models.QuerySet[Any]):
+        pass
+
+    class Mine(FencedQuerySet[Any]):
+        pass
+
+    class Wallet(FencedModel):
+        fence_lock = "wallet:{pk}"
+        plain = models.Manager()
+        rich = Rich.as_manager()
+        fine = Mine.as_manager()
+
+        class Meta:
+            app_label = "testapp"
+
+    settings.DISTLOCK = {**settings.DISTLOCK, "FENCING": fencing}
+    messages = check_fenced_models(app_configs=[Wallet._meta.apps.get_app_config("testapp")])
+    want = "distlock.E014" if fencing == "strict" else "distlock.W002"
+    reported = sorted((m.msg.split(" is a manager")[0], m.id) for m in messages)
+    assert reported == [("testapp.Wallet.plain", want), ("testapp.Wallet.rich", want)], messages
