@@ -51,7 +51,8 @@ if [ -n "${matrix_pid:-}" ]; then
   cat "$matrix_log"
   rm -f "$matrix_log"
   echo "== the whole suite (above the matrix):"
-  tail -n 1 "$suite_log"
+  # pytest's closing line, not whatever a client library printed at exit after it
+  grep -E '^=+ .*[0-9]+ (passed|failed|errors?|skipped|deselected).* =+$' "$suite_log" | tail -n 1 || tail -n 1 "$suite_log"
 fi
 rm -f "$suite_log"
 if [ "$matrix" != 0 ]; then
