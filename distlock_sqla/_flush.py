@@ -207,10 +207,13 @@ def _read(spec: FenceSpec, state: InstanceState[Any], connection: Connection) ->
     that still carries it. None: the row is gone.
     """
     read = state.info.get(_READ)
-    if read is not None:
-        return int(read)
-    where = (column == value for column, value in zip(spec.pk_columns, state.identity or (), strict=True))
-    current = connection.execute(select(spec.fence_column).where(*where)).scalar()
+    return int(read) if read is not None else _row_token(connection, spec, state.identity or ())
+
+
+def _row_token(connection: Connection, spec: FenceSpec, identity: Sequence[Any]) -> int | None:
+    """The token the row with primary key ``identity`` carries now, read on ``connection``; None: it is gone."""
+    where = spec.pk_matches([tuple(identity)], on_table=True)
+    current = connection.execute(select(spec.fence_column).where(where)).scalar()
     return None if current is None else int(current)
 
 
@@ -253,8 +256,7 @@ def _lock_values(
             stored[field] = current[field] = getattr(state.obj(), field)  # not loaded: loads it
     if unknown:
         exprs = [expr for field, expr in spec.fields if field in unknown]
-        where = (column == value for column, value in zip(spec.pk, state.identity or (), strict=True))
-        found = connection.execute(select(*exprs).where(*where)).one_or_none()
+        found = connection.execute(select(*exprs).where(spec.pk_matches([tuple(state.identity or ())]))).one_or_none()
         stored.update(zip(unknown, found or (None,) * len(unknown), strict=True))
     return stored, current
 
@@ -467,10 +469,7 @@ def _explain(conn: Connection, batch: list[_Expected], *, gone_is_stale: bool) -
     """
     found = []
     for expected in batch:
-        spec = expected.spec
-        identity = inspect(expected.target).identity or ()
-        where = (column == value for column, value in zip(spec.pk_columns, identity, strict=True))
-        current = conn.execute(select(spec.fence_column).where(*where)).scalar()
+        current = _row_token(conn, expected.spec, inspect(expected.target).identity or ())
         if current is not None and current != expected.read:
             return _stale(expected, current)
         found.append((expected, current))

@@ -232,9 +232,9 @@ def _fenced_update(
             .values({**assignments, spec.fence_column: token})
         )
 
-    count, tokens = _write(executor, spec, names, fence, "update", update_statement, destinations=destinations)
+    tokens = _write(executor, spec, names, fence, "update", update_statement, destinations=destinations)
     _expire(executor, spec, tokens)
-    return count
+    return len(tokens)
 
 
 def _moved_fields(spec: FenceSpec, assignments: Mapping[Any, Any]) -> dict[str, Any]:
@@ -270,9 +270,9 @@ def _fenced_delete(executor: Executor, target: Any, where: Sequence[Any], fence:
     def delete_statement(pks: Sequence[PK], bound: int, token: int) -> Executable:
         return delete(spec.table).where(spec.pk_matches(pks, on_table=True), spec.fence_column <= bound)
 
-    count, tokens = _write(executor, spec, names, fence, "delete", delete_statement)
+    tokens = _write(executor, spec, names, fence, "delete", delete_statement)
     _expire(executor, spec, tokens, deleted=True)
-    return count
+    return len(tokens)
 
 
 @overload
@@ -378,9 +378,9 @@ def _write(
     *,
     missing_is_error: bool = True,
     destinations: Mapping[PK, str] | None = None,
-) -> tuple[int, dict[PK, int]]:
-    """Run ``statement(pks, bound, token)`` per lock name and chunk, all or nothing: the rows written and the token
-    each was written with. ``StaleFenceToken`` on a short count.
+) -> dict[PK, int]:
+    """Run ``statement(pks, bound, token)`` per lock name and chunk, all or nothing: each row written, with the token
+    it was written with. ``StaleFenceToken`` on a short count.
 
     A row written with ``token`` must carry no token above ``bound``, its lock's token; a row moving to the lock
     ``destinations`` names needs that lock too and is written with the larger of the two tokens (a row's token never
@@ -394,7 +394,6 @@ def _write(
             if each not in fences:
                 fences[each] = required_fence(each, fence, what=f"{action} of {spec.describe(pk)}")
         groups.setdefault(route, []).append(pk)
-    done = 0
     tokens: dict[PK, int] = {}
     with _all_or_nothing(executor, len(names) > 1):
         for (name, destination), pks in groups.items():
@@ -406,11 +405,10 @@ def _write(
                 if matched != len(chunk):
                     if not missing_is_error and len(names) == 1:
                         _raise_if_stale(executor, spec, chunk, bound, action, name)
-                        return 0, {}
+                        return {}
                     raise _stale_rows(executor, spec, chunk, bound, action, name)
-                done += matched
                 tokens.update(dict.fromkeys(chunk, token))
-    return done, tokens
+    return tokens
 
 
 def _current_tokens(executor: Executor, spec: FenceSpec, pks: Sequence[PK]) -> dict[PK, int]:
