@@ -14,11 +14,16 @@ name), writes carry the lock's fencing token and the database refuses them once 
   Claiming on read is what stops lost updates: a write-only guard lets a paused holder that read before a newer
   holder write after it, and both writes pass. Once the newer holder has claimed, the old one's write is refused.
 - ``save()`` is Django's own (signals, ``update_fields`` checks, related objects, inheritance); its UPDATE
-  (``_do_update``) is ``... SET ..., fence_token = :t WHERE pk = :pk AND fence_token <= :t AND <the template's
-  fields = the values the lock name was rendered from>``, whatever the instance's history (read with
-  ``.fenced()``, built from a pk, refreshed, deferred, unpickled): the statement decides, never the token Python
-  holds. ``create()`` stores ``:t``. Every deletion of a fenced row (``delete()``, ``QuerySet.delete()``, a cascade,
-  also from a plain parent) claims it first, in a ``pre_delete`` receiver inside Django's deletion transaction.
+  (``_do_update``) is ``... SET ..., fence_token = :t WHERE pk = :pk AND fence_token <= :t AND fence_token IN
+  (:read) AND <the template's fields = the values the lock name was rendered from>``: the statement decides.
+  ``:read`` is the token the instance's data was read with (noted on ``instance._state`` by ``from_db()`` and
+  ``refresh_from_db()``, kept through pickling and copies; ``fence_token`` is never deferred by a fenced
+  queryset's ``only()``/``defer()``), with the tokens of its own saves since (a save rolled back with its
+  transaction leaves the row at the earlier one). So an instance read before a lock holder wrote the row is
+  refused, whoever saves it. An instance built from a pk has no read: a blind write, guarded by ``<= :t`` alone.
+  ``create()`` stores ``:t``. Every deletion of a fenced row (``delete()``, ``QuerySet.delete()``, a cascade,
+  also from a plain parent) claims it first, in a ``pre_delete`` receiver inside Django's deletion transaction;
+  ``delete()`` of a loaded instance also checks its read.
   ``QuerySet.fenced_update(**values)`` updates many rows, each under its own lock's token, all or nothing.
 - 0 rows where 1 was expected raise ``StaleFenceToken`` (with the token, the row and the newer token found); the
   transaction of a bulk update is rolled back, so no row is skipped silently. Only then (never on an accepted
@@ -32,9 +37,10 @@ name), writes carry the lock's fencing token and the database refuses them once 
 - Multi-table inheritance: ``fence_token`` is in the fenced parent's table. Every guard is an UPDATE of that table
   alone with the token in its WHERE, before (and in one transaction with) the writes of the child's own table.
 - Plain writes (no lock, ``FENCING = "on"``) leave ``fence_token`` out: a plain ``save()`` never lowers a row's
-  token. ``QuerySet.update()``, ``bulk_update()``, ``bulk_create()`` (and its upsert) and the base manager's
-  writes (a reverse foreign key's ``add()``/``remove()``/``clear()``, ``on_delete=SET_NULL``) are plain; in strict
-  mode they raise ``UnfencedWrite`` before writing (an UPDATE matching no row is no write and passes).
+  token, and it too is refused (``StaleFenceToken``) once a lock holder wrote the row after the instance was read.
+  ``QuerySet.update()``, ``bulk_update()``, ``bulk_create()`` (and its upsert) and the base manager's writes (a
+  reverse foreign key's ``add()``/``remove()``/``clear()``, ``on_delete=SET_NULL``) are plain; in strict mode they
+  raise ``UnfencedWrite`` before writing (an UPDATE matching no row is no write and passes).
   ``bulk_update()`` or an upsert naming ``fence_token`` raises ``ConfigurationError``.
 
 How a claim runs. Where the database has ``UPDATE ... RETURNING`` (PostgreSQL, SQLite >= 3.35) and the rows can be
@@ -73,7 +79,7 @@ import contextlib
 import operator
 import sqlite3
 import string
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Self, TypeVar, cast
 
 from asgiref.sync import sync_to_async
@@ -242,12 +248,46 @@ def _one_row_kept(query: Any) -> bool:
     )
 
 
-def _stale(model: type[models.Model], pk: Any, token: int, using: str, action: str) -> StaleFenceToken:
+def _stale(
+    model: type[models.Model], pk: Any, token: int | None, using: str, action: str, reads: tuple[int, ...] | None = None
+) -> StaleFenceToken:
     current = model._base_manager.using(using).filter(pk=pk).values_list("fence_token", flat=True).first()
     message = distlock.fence_refused(
-        f"{action} of {model.__name__} pk={pk}", token, current, family=_template(model).template
+        f"{action} of {model.__name__} pk={pk}",
+        token,
+        current,
+        read=None if reads is None else max(reads),
+        family=_template(model).template,
     )
     return StaleFenceToken(message, token=token, row=pk, current=current)
+
+
+# -- the tokens an instance's data was read with ---------------------------------------------------------------------
+#
+# Kept on ``instance._state`` (Django's ModelState: copied with the instance, pickled with it), never taken from the
+# ``fence_token`` attribute, which code may overwrite. None: not known (built from a pk, loaded without its token):
+# a write is then checked against the lock's token alone, a blind write.
+
+
+def _reads(instance: models.Model) -> tuple[int, ...] | None:
+    """The tokens the row may carry for ``instance``'s data to be current: the token it was read with, and those of
+    this instance's own writes since (a write rolled back with its transaction leaves the row at the earlier one;
+    tokens never go down, so a row at an earlier one has had no other write)."""
+    return cast("tuple[int, ...] | None", getattr(instance._state, "distlock_reads", None))
+
+
+def _note_read(instance: models.Model, token: int | None) -> None:
+    instance._state.distlock_reads = None if token is None else (token,)  # type: ignore[attr-defined]
+
+
+def _note_write(instance: models.Model, token: int) -> None:
+    reads = _reads(instance)
+    if reads is not None and token not in reads:
+        instance._state.distlock_reads = (*reads, token)  # type: ignore[attr-defined]
+
+
+def _read_filter(reads: tuple[int, ...] | None) -> dict[str, Any]:
+    return {} if reads is None else {"fence_token__in": reads}
 
 
 def _owner(model: type[models.Model]) -> type[models.Model]:
@@ -313,6 +353,18 @@ class FencedQuerySet(models.QuerySet[_M]):
         clone = super()._clone()  # type: ignore[misc]
         clone._distlock_claim = self._distlock_claim
         return clone  # type: ignore[no-any-return]
+
+    def only(self, *fields: Any) -> Self:
+        """Django's ``only()``; ``fence_token`` is always loaded too (a row's token is what its data was read with)."""
+        if fields and fields != (None,) and "fence_token" not in fields:
+            fields = (*fields, "fence_token")
+        return super().only(*fields)
+
+    def defer(self, *fields: Any) -> Self:
+        """Django's ``defer()``; ``fence_token`` is never deferred (see :meth:`only`)."""
+        if fields == (None,):
+            return super().defer(None)
+        return super().defer(*(field for field in fields if field != "fence_token"))
 
     def _fetch_all(self) -> None:
         if self._result_cache is None and self._distlock_claim is not False:
@@ -646,6 +698,21 @@ class FencedModel(models.Model):
         abstract = True
         base_manager_name = "_distlock_base"
 
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Collection[str], values: Collection[Any], **kwargs: Any) -> Self:
+        """Django's ``from_db()``; notes the token the row was read with (see :func:`_reads`)."""
+        instance = super().from_db(db, field_names, values, **kwargs)
+        _note_read(instance, instance.fence_token if "fence_token" in field_names else None)
+        return instance
+
+    def refresh_from_db(self, using: str | None = None, fields: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Django's ``refresh_from_db()``. Reloading all the fields the instance has loaded makes the row's token
+        its read; reloading some keeps the earlier read (the other fields were read with it)."""
+        loaded = {f.attname for f in self._meta.concrete_fields} - self.get_deferred_fields()
+        super().refresh_from_db(using, fields, *args, **kwargs)
+        if fields is None or loaded <= set(fields):
+            _note_read(self, None if "fence_token" in self.get_deferred_fields() else self.fence_token)
+
     def save(self, *args: Any, fence: Fence | distlock.Lock | None = None, **kwargs: Any) -> None:
         """Django's ``save()``, with an update of an existing row fenced in its own UPDATE statement
         (``StaleFenceToken`` when a newer holder claimed it); see :meth:`_do_update`."""
@@ -659,6 +726,7 @@ class FencedModel(models.Model):
                 if found is not None:
                     _raw_update(_guard(type(self), using).filter(pk=self.pk), fence_token=found.token)
                     self.fence_token = found.token
+                _note_read(self, self.fence_token)
             return
         # A pk is set: the row may exist (an instance built from a pk updates it), so only a forced insert is an
         # insert here.
@@ -701,17 +769,35 @@ class FencedModel(models.Model):
         if write is _PLAIN or base_qs.model is not owner:  # not from save() (raw fixtures), or a child's table
             return _django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update, *returning)
         values = [value for value in values if value[0].attname != "fence_token"]
+        reads = _reads(self)
         if not isinstance(write, Fence):
-            return _django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update, *returning)
+            # Plain: Django's UPDATE, on the row only while it carries a token this instance's data was read with.
+            current = base_qs.filter(**_read_filter(reads))
+            if reads is not None and not values:  # Django's answer without a statement: the row must still match
+                return _django_do_update(self, current, using, pk_val, values, None, forced_update, *returning) or (
+                    self._refused_plain(base_qs, using, pk_val, reads, returning)
+                )
+            updated = _django_do_update(self, current, using, pk_val, values, update_fields, forced_update, *returning)
+            return updated or self._refused_plain(base_qs, using, pk_val, reads, returning)
         names = _name_fields(type(self)) or []
         conditions = {field.attname: getattr(self, field.attname) for field in names}
         fence_field = owner._meta.get_field("fence_token")
-        filtered = base_qs.filter(pk=pk_val, fence_token__lte=write.token, **conditions)
+        filtered = base_qs.filter(pk=pk_val, fence_token__lte=write.token, **_read_filter(reads), **conditions)
         updated = filtered._update([*values, (fence_field, None, write.token)], *returning)  # type: ignore[attr-defined]
         if updated:
             self.fence_token = write.token
+            _note_write(self, write.token)
             return updated if returning else True
         return self._refused(base_qs, using, pk_val, values, write, returning)
+
+    def _refused_plain(
+        self, base_qs: models.QuerySet[Any], using: str, pk_val: Any, reads: tuple[int, ...] | None, returning: Any
+    ) -> Any:
+        """A plain UPDATE matched no row: gone (Django then inserts, or raises its own error), or a lock holder
+        wrote or claimed it since this instance was read (``StaleFenceToken``)."""
+        if reads is not None and base_qs.filter(pk=pk_val).exists():
+            raise _stale(type(self), pk_val, None, using, "save", reads)
+        return [] if returning else False
 
     def _refused(
         self,
@@ -725,16 +811,17 @@ class FencedModel(models.Model):
         """A fenced UPDATE matched no row (the accepted path never comes here): the row is gone, was claimed by
         a newer holder, or is stored under another lock name — a move, which needs that lock too."""
         model = type(self)
+        reads = _reads(self)
         with transaction.atomic(using=using):
             stored = model._base_manager.using(using).select_for_update().filter(pk=pk_val).first()
             if stored is None:
                 if self._state.adding:
                     self.fence_token = write.token  # built from a pk, no such row: Django inserts it
                     return [] if returning else False
-                raise _stale(model, pk_val, write.token, using, "fenced save")
+                raise _stale(model, pk_val, write.token, using, "fenced save", reads)
             source = _lock_name_of(stored)
             if source == write.name:
-                raise _stale(model, pk_val, write.token, using, "fenced save")
+                raise _stale(model, pk_val, write.token, using, "fenced save", reads)
             # The row is stored under lock ``source``: its holder's token guards it; a moved row keeps the larger.
             held = distlock.fence_for_write(
                 source,
@@ -752,11 +839,12 @@ class FencedModel(models.Model):
             was = {field.attname: getattr(stored, field.attname) for field in names}
             token = max(held.token, write.token)
             fence_field = _owner(model)._meta.get_field("fence_token")
-            filtered = base_qs.filter(pk=pk_val, fence_token__lte=held.token, **was)
+            filtered = base_qs.filter(pk=pk_val, fence_token__lte=held.token, **_read_filter(reads), **was)
             updated = filtered._update([*values, (fence_field, None, token)], *returning)  # type: ignore[attr-defined]
             if not updated:
-                raise _stale(model, pk_val, held.token, using, "fenced save")
+                raise _stale(model, pk_val, held.token, using, "fenced save", reads)
         self.fence_token = token
+        _note_write(self, token)
         return updated if returning else True
 
     def delete(
@@ -785,20 +873,57 @@ def _claim_before_delete(sender: type[models.Model], instance: models.Model, usi
     deletion transaction, before anything is deleted: with its lock's token (``StaleFenceToken`` if a newer holder
     claimed it), else refused in strict mode (``UnfencedWrite``); plain with no lock in mode "on"."""
     found = instance.__dict__.pop("_distlock_delete", _PLAIN)
+    direct = found is not _PLAIN
     if found is _PLAIN:
         found = fence_of(instance)
-    if not isinstance(found, Fence):
-        return
     guard = _guard(sender, using)
     pk = getattr(instance, _owner(sender)._meta.pk.attname)
-    if _raw_update(guard.filter(pk=pk, fence_token__lte=found.token), fence_token=found.token) != 1:
-        raise _stale(sender, instance.pk, found.token, using, "fenced delete")
+    # The token read is checked for the instance delete() was called on. The others were read by Django's collector
+    # in the deletion's transaction, a moment ago; one of them may be the same row as another (a multi-table child and
+    # its parent share the row holding ``fence_token``), which the first claim has just moved on to ``:t``.
+    reads = _reads(instance) if direct else None
+    if isinstance(found, Fence):
+        rows = guard.filter(pk=pk, fence_token__lte=found.token, **_read_filter(reads))
+        if _raw_update(rows, fence_token=found.token) != 1:
+            raise _stale(sender, instance.pk, found.token, using, "fenced delete", reads)
+    elif direct and reads is not None:
+        # Plain: the row is deleted only while it carries a token the instance was read with (the statement takes
+        # the row's lock in the deletion's transaction, so no claim lands between it and the DELETE).
+        unchanged = _raw_update(guard.filter(pk=pk, fence_token__in=reads), fence_token=models.F("fence_token"))
+        if unchanged != 1 and guard.filter(pk=pk).exists():
+            raise _stale(sender, instance.pk, None, using, "delete", reads)
+
+
+_FENCED_QUERYSETS: dict[type[models.QuerySet[Any]], type[FencedQuerySet[Any]]] = {}
+
+
+def _fenced_queryset_class(queryset_class: type[models.QuerySet[Any]]) -> type[FencedQuerySet[Any]]:
+    """``queryset_class`` with ``FencedQuerySet`` in front of it: its own methods, behind the fence's (``update()``,
+    ``bulk_*`` refused in strict mode, ``fenced()``). Made once per class, and kept importable from this module under
+    a name of its own so that querysets of it pickle."""
+    fenced = _FENCED_QUERYSETS.get(queryset_class)
+    if fenced is None:
+        name = f"_Fenced_{queryset_class.__module__}_{queryset_class.__qualname__}".replace(".", "_")
+        fenced = type(name, (FencedQuerySet, queryset_class), {"__module__": __name__, "__qualname__": name})
+        globals()[name] = _FENCED_QUERYSETS[queryset_class] = fenced
+    return fenced
 
 
 def _prepare_fenced(sender: type[models.Model], **kwargs: Any) -> None:
-    """For each concrete fenced model: the delete claim."""
+    """For each concrete fenced model: the delete claim, and a fenced queryset for every manager (a manager declared
+    on Django's ``QuerySet``, ``models.Manager()`` or ``MyQuerySet.as_manager()``, would otherwise write past strict
+    mode: its queryset class gets ``FencedQuerySet`` in front)."""
     if not issubclass(sender, FencedModel) or sender._meta.abstract:
         return
+    # The managers declared on fenced classes (this model, its fenced parents, abstract or not). Django's
+    # ``_meta.managers`` are copies of these, made again whenever the app registry clears its caches, as registering
+    # this model (right after this signal) does. A manager of a mixin that is no FencedModel is left as it is (other
+    # models share it): ``manage.py check`` names it.
+    for base in sender.__mro__:
+        if isinstance(base, type) and issubclass(base, FencedModel):
+            for manager in cast(Any, base._meta.local_managers):
+                if not issubclass(manager._queryset_class, FencedQuerySet):
+                    manager._queryset_class = _fenced_queryset_class(manager._queryset_class)
     signals.pre_delete.connect(
         _claim_before_delete, sender=sender, weak=False, dispatch_uid=f"distlock:{sender._meta.label}"
     )

@@ -12,8 +12,9 @@ reported at once, one message per bad key, each with the key's own id:
 - ``distlock.W001`` an unknown key (a warning, with the closest known key);
 - ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks;
 - ``distlock.E014`` (``FENCING = "strict"``) / ``distlock.W002`` (otherwise) a fenced model with a manager whose
-  queryset is not a ``FencedQuerySet``: its ``update()``, ``bulk_*`` and upserts bypass strict mode and the
-  ``fence_token`` guards.
+  ``get_queryset()`` returns a queryset that is not a ``FencedQuerySet`` (every manager's own queryset class is made
+  one; a ``get_queryset()`` that builds another class escapes that): its ``update()``, ``bulk_*`` and upserts bypass
+  strict mode and the ``fence_token`` guards.
 
 None of them connects to the lock service. The keys and ids are documented in docs/reference/django-settings.md.
 """
@@ -87,24 +88,26 @@ def check_fenced_models(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 
 
 def _plain_managers(model: Any) -> list[checks.CheckMessage]:
-    """A manager of a fenced model whose queryset is Django's own (``models.Manager()``, ``MyQuerySet.as_manager()``
-    of a plain ``QuerySet``) writes past the fence: strict mode cannot refuse what it never sees."""
+    """A manager of a fenced model whose ``get_queryset()`` builds a queryset of its own class rather than its
+    ``_queryset_class`` (which distlock makes fenced) returns Django's ``QuerySet``: its writes pass strict mode
+    unseen. Building a queryset runs no query."""
     from ._models import FencedQuerySet
 
     configured = getattr(settings, "DISTLOCK", None)
     strict = isinstance(configured, dict) and configured.get("FENCING") == "strict"
     found: list[checks.CheckMessage] = []
     for manager in model._meta.managers:
-        if issubclass(manager._queryset_class, FencedQuerySet):
+        queryset = manager.get_queryset()
+        if isinstance(queryset, FencedQuerySet):
             continue
         level, check_id = (checks.Error, "distlock.E014") if strict else (checks.Warning, "distlock.W002")
         found.append(
             level(
-                f"{model._meta.label}.{manager.name} is a manager of a FencedModel whose queryset "
-                f"({manager._queryset_class.__name__}) is not a distlock_django.FencedQuerySet: its update(), "
-                "bulk_create(), bulk_update() and upserts are plain writes that strict mode cannot refuse",
-                hint="Derive the queryset from distlock_django.FencedQuerySet (class MyQuerySet(FencedQuerySet): ...; "
-                "objects = MyQuerySet.as_manager()), or the manager from distlock_django.FencedManager.",
+                f"{model._meta.label}.{manager.name} is a manager of a FencedModel whose get_queryset() returns a "
+                f"{type(queryset).__name__}, not a distlock_django.FencedQuerySet: its update(), bulk_create(), "
+                "bulk_update() and upserts are plain writes that strict mode cannot refuse",
+                hint="Build the queryset from the manager's own class (super().get_queryset(), or "
+                "self._queryset_class(...)), or derive its class from distlock_django.FencedQuerySet.",
                 obj=model,
                 id=check_id,
             )

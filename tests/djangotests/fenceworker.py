@@ -1,8 +1,9 @@
 """A Django process holding a lock on an account, driven over stdin/stdout (JSON lines), for SIGSTOP tests.
 
 ``{"op": "lock_and_read", "pk": N, "ttl": S, "claim": bool}`` → ``{"token": T, "balance": B}``: acquire the row's lock
-and read it, claiming it first (``.fenced()``) or not (a write-only guard).
-``{"op": "write"}`` → ``{"ok": true}`` or ``{"error": "StaleFenceToken", ...}``: add 1 to what was read and save.
+and read it, claiming it first (``.fenced()``) or not (a plain read).
+``{"op": "write", "guard": G}`` → ``{"ok": true}`` or ``{"error": "StaleFenceToken", ...}``: add 1 to what was read
+and ``save()`` (``G`` "write-only": ``fenced_update()``, guarded by the lock's token alone).
 ``{"op": "lost"}`` → ``{"lost": bool}``: whether the lock taken by ``lock_and_read`` is known to be lost.
 ``lock_and_read`` waits up to ``"timeout"`` seconds (default 30) for the lock.
 """
@@ -45,8 +46,11 @@ def main() -> None:
                 answer = {"token": lock.token, "balance": account.balance}
             elif command["op"] == "write":
                 assert account is not None
-                account.balance += 1
-                account.save()
+                if command.get("guard") == "write-only":  # the lock's token alone guards the write
+                    Account.objects.filter(pk=account.pk).fenced_update(balance=account.balance + 1)
+                else:
+                    account.balance += 1
+                    account.save()
                 answer = {"ok": True}
             elif command["op"] == "lost":
                 assert lock is not None

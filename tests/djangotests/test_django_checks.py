@@ -220,8 +220,9 @@ def test_a_fenced_model_whose_template_names_a_missing_field_is_reported() -> No
 
 @isolate_apps("djangotests.testapp")
 @pytest.mark.parametrize("fencing", ["on", "strict"])
-def test_a_fenced_model_with_a_plain_manager_is_reported(fencing: str, settings: Any) -> None:
-    """A custom manager on Django's QuerySet would write past the fence (and past strict mode): reported by name."""
+def test_a_manager_that_builds_a_plain_queryset_is_reported(fencing: str, settings: Any) -> None:
+    """Every manager's own queryset class is made fenced (``models.Manager()``, ``Rich.as_manager()``); a manager whose
+    ``get_queryset()`` builds Django's QuerySet itself would write past the fence and strict mode: reported by name."""
     from distlock_django import FencedQuerySet
 
     class Rich(models.QuerySet[Any]):
@@ -230,11 +231,16 @@ def test_a_fenced_model_with_a_plain_manager_is_reported(fencing: str, settings:
     class Mine(FencedQuerySet[Any]):
         pass
 
+    class Own(models.Manager[Any]):
+        def get_queryset(self) -> models.QuerySet[Any]:
+            return models.QuerySet(self.model, using=self._db)
+
     class Wallet(FencedModel):
         fence_lock = "wallet:{pk}"
         plain = models.Manager()
         rich = Rich.as_manager()
         fine = Mine.as_manager()
+        own = Own()
 
         class Meta:
             app_label = "testapp"
@@ -243,4 +249,7 @@ def test_a_fenced_model_with_a_plain_manager_is_reported(fencing: str, settings:
     messages = check_fenced_models(app_configs=[Wallet._meta.apps.get_app_config("testapp")])
     want = "distlock.E014" if fencing == "strict" else "distlock.W002"
     reported = sorted((m.msg.split(" is a manager")[0], m.id) for m in messages)
-    assert reported == [("testapp.Wallet.plain", want), ("testapp.Wallet.rich", want)], messages
+    assert reported == [("testapp.Wallet.own", want)], messages
+    wallet: Any = Wallet
+    assert isinstance(wallet.plain.all(), FencedQuerySet)
+    assert isinstance(wallet.rich.all(), FencedQuerySet) and isinstance(wallet.rich.all(), Rich)

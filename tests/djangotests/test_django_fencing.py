@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from _support import Worker
-from django.db import connections
+from django.db import connections, transaction
 from djangotests.testapp.models import Account, Plain
 from pytest_django.fixtures import Settings
 
@@ -42,12 +43,25 @@ def worker(django_child_env: dict[str, str]) -> Iterator[DjangoWorker]:
     w.close()
 
 
-def _race(worker: DjangoWorker, claim: bool) -> tuple[dict[str, object], int, int]:
-    """A write-only fence's lost update: A reads (claiming or not), stalls past its lease; B reads; A, then B writes.
+def _write(account: Account, guard: str) -> None:
+    """Add 1 to what was read: ``save()``, or (``"write-only"``) ``fenced_update()``, whose guard is the lock's token
+    alone (``fence_token <= :t``): what a fence without claim-on-read or read tokens would do."""
+    if guard == "write-only":
+        Account.objects.filter(pk=account.pk).fenced_update(balance=account.balance + 1)
+    else:
+        account.balance += 1
+        account.save()
 
-    Returns A's write answer, B's token, and the final balance (it started at 100; both add 1 to what they read).
+
+def _race(worker: DjangoWorker, guard: str = "claim") -> tuple[dict[str, object], int, int, bool]:
+    """A reads (``guard`` "claim": with ``.fenced()``; else a plain read), stalls past its lease; B reads the same
+    way; A, then B writes.
+
+    Returns A's write answer, B's token, the final balance (it started at 100; both add 1 to what they read), and
+    whether B's write landed.
     """
     account = Account.objects.create(balance=100)
+    claim = guard == "claim"
     a = worker.call(op="lock_and_read", pk=account.pk, ttl=2, claim=claim)
     assert a["balance"] == 100
     worker.stop()
@@ -57,17 +71,20 @@ def _race(worker: DjangoWorker, claim: bool) -> tuple[dict[str, object], int, in
             rows = Account.objects.filter(pk=account.pk)
             b = (rows.fenced() if claim else rows).get()
             worker.cont()
-            a_write = worker.call(op="write")  # the stalled holder wakes up and writes
-            b.balance += 1
-            b.save()
+            a_write = worker.call(op="write", guard=guard)  # the stalled holder wakes up and writes
+            try:
+                _write(b, guard)
+                b_landed = True
+            except distlock.StaleFenceToken:
+                b_landed = False
             token = lock.token
     finally:
         worker.cont()
-    return a_write, token, Account.objects.get(pk=account.pk).balance
+    return a_write, token, Account.objects.get(pk=account.pk).balance, b_landed
 
 
 def test_claim_on_read_refuses_the_stalled_holder(worker: DjangoWorker) -> None:
-    _refused(*_race(worker, claim=True))
+    _refused(*_race(worker))
 
 
 @pytest.fixture(params=["redis", "zookeeper", "own-database"])
@@ -101,22 +118,34 @@ def test_claim_on_read_refuses_the_stalled_holder_on_every_lock_service(other_lo
         assert not get_client().description.startswith("etcd")
         if other_lock_service["DISTLOCK_DJANGO_ETCD_URL"].startswith("django://"):
             assert get_client().description.startswith("SQL lock table"), get_client().description
-        _refused(*_race(worker, claim=True))
+        _refused(*_race(worker))
     finally:
         worker.close()
 
 
-def _refused(a_write: dict[str, object], token: int, balance: int) -> None:
+def _refused(a_write: dict[str, object], token: int, balance: int, b_landed: bool) -> None:
     assert a_write["error"] == "StaleFenceToken", a_write
+    assert b_landed
     assert balance == 101  # B's increment stands, A's was refused: nothing lost, nothing doubled
     assert Account.objects.get().fence_token == token
 
 
 def test_a_write_only_guard_loses_the_update(worker: DjangoWorker) -> None:
-    """The same race without the claim on read: both writes pass the fence and one increment vanishes."""
-    a_write, _, balance = _race(worker, claim=False)
+    """The race with a guard of the lock's token alone: both writes pass and one increment vanishes (the bug the
+    claim and the read token are for; this is the control that shows the race test catches it)."""
+    a_write, _, balance, b_landed = _race(worker, "write-only")
+    assert a_write == {"ok": True} and b_landed  # both increments were accepted...
+    assert balance == 101  # ...and one of them is lost
+
+
+def test_a_save_without_the_claim_loses_nothing_but_the_stalled_holder_wins(worker: DjangoWorker) -> None:
+    """``save()`` of rows read without ``.fenced()``: no update is lost (a save checks the token its instance was
+    read with, and A's write came between B's read and B's save), but the holder refused is B, the current one:
+    claiming on read is what makes the stale holder lose."""
+    a_write, _, balance, b_landed = _race(worker, "save")
     assert a_write == {"ok": True}
-    assert balance == 101, "two accepted increments of 100 should have made 102: one update was lost"
+    assert not b_landed
+    assert balance == 101
 
 
 def test_fenced_save_create_and_delete_carry_the_token(db_alias: str) -> None:
@@ -133,6 +162,36 @@ def test_fenced_save_create_and_delete_carry_the_token(db_alias: str) -> None:
         account.delete()
         assert newer.token > first
     assert not Account.objects.filter(pk=account.pk).exists()
+
+
+class _Undo(Exception):
+    pass
+
+
+@pytest.mark.parametrize("locked", [True, False], ids=["in-the-lock", "no-lock"])
+def test_a_save_rolled_back_with_its_transaction_can_be_made_again(db_alias: str, locked: bool) -> None:
+    """A save notes its token as the instance's read; rolled back, the row keeps the earlier token, which the instance
+    still accepts (tokens never go down: nobody else wrote the row), so the retry lands. A write by anyone else in
+    between is still refused."""
+    account = Account.objects.create(balance=1)
+    name = lock_name(f"account:{account.pk}")
+    read = Account.objects.get(pk=account.pk)
+    with contextlib.ExitStack() as stack:
+        lock = stack.enter_context(get_client().lock(name, ttl=10)) if locked else None
+        read.balance = 2
+        with pytest.raises(_Undo), transaction.atomic(using=db_alias):
+            read.save()
+            raise _Undo
+        assert Account.objects.get(pk=account.pk).balance == 1
+        read.save()  # the retry
+        assert Account.objects.get(pk=account.pk).balance == 2
+        assert Account.objects.get(pk=account.pk).fence_token == (lock.token if lock else 0)
+    with get_client().lock(name, ttl=10):  # a lock holder writes the row meanwhile
+        Account.objects.filter(pk=account.pk).fenced().get().save()
+    read.balance = 3
+    with pytest.raises(distlock.StaleFenceToken):
+        read.save()
+    assert Account.objects.get(pk=account.pk).balance == 2
 
 
 def test_a_stale_save_is_refused_and_writes_nothing(db_alias: str) -> None:

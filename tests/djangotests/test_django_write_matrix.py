@@ -7,7 +7,9 @@ write API (``save`` and its variants, an instance built from a pk, ``delete``, `
 parent's) x object state (fresh: read by the writer with ``.fenced()`` under its lock, or a plain read with no
 lock; built from a pk; read, then ``refresh_from_db()`` just before the write; deferred with ``only()``; pickled
 and unpickled) x who writes (the current holder; a stale holder: A reads, is force-released, B takes the lock and
-claims the row with a newer token, then A writes; no lock) x ``FENCING`` mode (on, strict) x database.
+claims the row with a newer token, then A writes; no lock; and, for APIs that take an object, an object read with no
+lock before a holder claimed and wrote the row, then written by a holder of a newer lock or with no lock) x
+``FENCING`` mode (on, strict) x database.
 
 Each API is classified as the docs' table classifies it (docs/integrations/django.md, "Which writes the fence
 covers"): *fenced* (the statement carries the token, or the row is claimed in the deletion's transaction), *claim*
@@ -39,10 +41,10 @@ from django.db import connections, models
 from django.db.models import F
 from django.test.utils import override_settings
 from djangotests.testapp import router
-from djangotests.testapp.matrix_models import MxBase, MxItem, MxOwner, MxShelved, MxSub
+from djangotests.testapp.matrix_models import MxBase, MxItem, MxOwner, MxQuerySet, MxShelved, MxSub
 
 import distlock
-from distlock_django import conf, get_client, lock_name
+from distlock_django import FencedQuerySet, conf, get_client, lock_name
 
 DATABASES = {"sqlite": "default", "postgres": "pg", "mariadb": "maria"}
 _pks = itertools.count(1)
@@ -250,6 +252,27 @@ APIS = [
         multi_table=False,
     ),
     Api("upsert", "plain", "value", _upsert, instance=False, multi_table=False),
+    # A user's managers on Django's own QuerySet (models.Manager(), MyQuerySet.as_manager()): fenced querysets too.
+    Api(
+        "manager_update",
+        "plain",
+        "value",
+        lambda c, o: c.model.plain.filter(pk=c.pk).update(value=999),
+        instance=False,
+    ),
+    Api(
+        "custom_queryset_bulk_update",
+        "plain",
+        "value",
+        lambda c, o: c.model.mine.valued().bulk_update([_set(o)], ["value"]),
+    ),
+    Api(
+        "manager_fenced_update",
+        "claim",
+        "value",
+        lambda c, o: c.model.plain.filter(pk=c.pk).fenced_update(value=999),
+        instance=False,
+    ),
     Api("fenced_iter", "claim", "claimed", lambda c, o: list(c.model.objects.filter(pk=c.pk).fenced()), False),
     Api(
         "fenced_iterator",
@@ -274,13 +297,21 @@ APIS = [
     ),
 ]
 MODELS = {"table": MxItem, "multi_table": MxSub}
-WRITERS = ["holder", "stale", "none"]
+WRITERS = ["holder", "stale", "none", "read_before_lock", "none_after_claim"]
+# Writers whose object was read, plainly, before a lock holder claimed and wrote the row: the holder that read before
+# taking its own (newer) lock, and code holding no lock. Their write must not undo what was written since their read.
+READ_BEFORE_A_CLAIM = {"read_before_lock", "none_after_claim"}
+# States whose write checks the token the object was read with (the others: refreshed after the claim, or no read).
+_READ_KNOWN = {"fresh", "deferred", "pickled"}
 
 
-def _applies(api: Api, model: str, state: str) -> bool:
+def _applies(api: Api, model: str, state: str, writer: str) -> bool:
     """The rules that decide which cells exist: a state only for APIs that take an object (the others read the row
-    themselves: state ``-``); a multi-table child only where Django supports the API on one (not ``bulk_create``)."""
+    themselves: state ``-``, and so have no earlier read); a multi-table child only where Django supports the API on
+    one (not ``bulk_create``)."""
     if (state != "-") != api.instance:
+        return False
+    if writer in READ_BEFORE_A_CLAIM and not api.instance:
         return False
     if api.name == "reverse_add" and state == "from_pk":
         return False  # Django's add() refuses an instance it considers unsaved (ValueError), before any write
@@ -290,14 +321,20 @@ def _applies(api: Api, model: str, state: str) -> bool:
 CELLS = [
     pytest.param(api, model, state, writer, id=f"{api.name}-{model}-{state}-{writer}")
     for api, model, state, writer in itertools.product(APIS, MODELS, [*STATES, "-"], WRITERS)
-    if _applies(api, model, state)
+    if _applies(api, model, state, writer)
 ]
 
 
-def _expected(api: Api, writer: str, mode: str) -> str:
+def _expected(api: Api, state: str, writer: str, mode: str) -> str:
     """What the docs promise for this cell: ``landed`` (as the holder's), ``plain``, or the error's name."""
     if api.kind == "plain":
         return "UnfencedWrite" if mode == "strict" else "plain"
+    if writer in READ_BEFORE_A_CLAIM:
+        if writer == "none_after_claim" and mode == "strict":
+            return "UnfencedWrite"
+        if state in _READ_KNOWN:
+            return "StaleFenceToken"  # the row was claimed and written since the object was read
+        writer = "holder" if writer == "read_before_lock" else "none"  # refreshed since, or a blind write
     if writer == "holder":
         return "landed"
     if writer == "stale":
@@ -370,13 +407,32 @@ def test_write_path(api: Api, model: str, state: str, writer: str, mode: str, al
             b_context.run(b.release)
             with contextlib.suppress(distlock.DistlockError):
                 a_context.run(a.release)  # A's lock was taken from it: releasing it is refused or a no-op
+    elif writer in READ_BEFORE_A_CLAIM:
+        obj = _read(cell, state, False)
+        with client.lock(cell.name, ttl=10):  # a lock holder claims the row and writes it (its token) meanwhile
+            cell.model.objects.filter(pk=cell.pk).fenced().get().save()
+        if writer == "read_before_lock":
+            ours = _context()
+            lock = client.lock(cell.name, ttl=10)
+            assert ours.run(lock.acquire)
+            holder_token = lock.token
+            try:
+                obj = ours.run(_ready, obj, state)
+                before = _snapshot(cell)
+                result = ours.run(_attempt, lambda: api.write(cell, obj))
+            finally:
+                ours.run(lock.release)
+        else:
+            obj = _ready(obj, state)
+            before = _snapshot(cell)
+            result = _attempt(lambda: api.write(cell, obj))
     else:
         obj = None if state == "-" else _ready(_read(cell, state, False), state)
         before = _snapshot(cell)
         result = _attempt(lambda: api.write(cell, obj))
 
     after = _snapshot(cell)
-    expected = _expected(api, writer, mode)
+    expected = _expected(api, state, writer, mode)
     if expected == "landed":
         assert result == "wrote", f"the current holder's write was refused: {result}"
         assert _landed(api.landed, cell, after, holder_token), after
@@ -587,6 +643,17 @@ def _race(op: str) -> None:
         assert a_result == "StaleFenceToken"
 
 
+def test_a_user_managers_queryset_keeps_its_methods_and_pickles(alias: str) -> None:
+    """A manager declared on Django's own QuerySet gets FencedQuerySet in front of its queryset class: its own
+    methods stay, and its querysets pickle (the class is importable under a name of its own)."""
+    cell = _make(MxItem)
+    rows = MxItem.mine.valued().filter(pk=cell.pk)
+    assert isinstance(rows, FencedQuerySet) and isinstance(rows, MxQuerySet)
+    again = pickle.loads(pickle.dumps(rows))
+    assert type(again) is type(rows)
+    assert [row.pk for row in again.valued()] == [cell.pk]
+
+
 def test_the_matrix_is_generated_whole() -> None:
     """Every API is in the matrix, for every writer, on both models where Django supports it."""
     apis: list[Any] = [cell.values[0] for cell in CELLS]
@@ -595,7 +662,8 @@ def test_the_matrix_is_generated_whole() -> None:
     for api in APIS:
         models_of = 2 if api.multi_table else 1
         states = (len(STATES) - (api.name == "reverse_add")) if api.instance else 1
-        assert per_api[api.name] == models_of * states * len(WRITERS)
+        writers = len(WRITERS) if api.instance else len(WRITERS) - len(READ_BEFORE_A_CLAIM)
+        assert per_api[api.name] == models_of * states * writers
 
 
 _ = models  # the models module is imported for its side effect: the matrix's tables exist

@@ -11,6 +11,9 @@ users run. Each cell seeds a row of its own, then:
   ``UnfencedWrite``, nothing written. Otherwise the write is plain, but a plain write based on a read that a lock
   holder has since claimed is refused (``StaleFenceToken``); with no such read (the object was refreshed after the
   claim, or its token was never loaded) it lands and leaves the token alone.
+- **read_before_lock**: A reads the row holding no lock; B takes the lock and claims the row; then A takes the lock
+  (a newer token) and writes. Refused (``StaleFenceToken``): the row was claimed since A read it; where A's read is
+  not known (refreshed after the claim, or its token deferred) the write is blind and lands with A's token.
 
 Every cell also asserts that the row's token never went down. The async flavour runs the same steps through an
 ``AsyncSession`` on the async driver (aiosqlite, psycopg async): each step is ``await session.run_sync(step)``,
@@ -65,6 +68,9 @@ FENCED_HELPERS = ("claim_one", "claim", "fenced_update", "fenced_delete")
 PLAIN_STATEMENTS = ("orm_update", "orm_delete", "bulk_update_mappings", "bulk_save_objects", "bulk_insert_mappings")
 ROW_APIS = ("merge", *FENCED_HELPERS, *PLAIN_STATEMENTS)
 WRITERS = ("holder", "stale", "nolock")
+# A holder whose object was read before it took its lock, while another holder claimed the row in between (sync: the
+# async flavour's event loop sees only locks taken before it starts).
+READ_BEFORE_LOCK = "read_before_lock"
 MODES = ("on", "strict")
 FLAVOURS = ("sync", "async")
 
@@ -108,6 +114,9 @@ def _cells() -> Iterator[Cell]:
         yield Cell(api, state, writer, mode, flavour)
         if flavour == "sync":
             yield Cell(api, state, writer, mode, flavour, "car")
+    for api, state, mode, target in itertools.product(OBJECT_APIS, STATES, MODES, ("counter", "car")):
+        if state != "savepoint_rolled_back":  # preparing it writes inside the savepoint, which needs the lock
+            yield Cell(api, state, READ_BEFORE_LOCK, mode, "sync", target)
     for api, writer, mode, flavour in itertools.product(ROW_APIS, WRITERS, MODES, FLAVOURS):
         yield Cell(api, "-", writer, mode, flavour)
         if api in ("merge", "claim_one", "claim") and flavour == "sync":
@@ -129,6 +138,8 @@ def expected(cell: Cell) -> str:
     if cell.api in FENCED_HELPERS:
         return REFUSED_UNFENCED if cell.writer == "nolock" else REFUSED_STALE if cell.writer == "stale" else LANDED
     # ORM flushes of objects (and merge, which loads the row and flushes).
+    if cell.writer == READ_BEFORE_LOCK:  # the row was claimed since the read: refused, unless the read is unknown
+        return LANDED if cell.state in _READ_UNKNOWN else REFUSED_STALE
     if cell.writer == "holder":
         return LANDED
     if cell.writer == "stale":
@@ -380,7 +391,7 @@ def run_cell(cell: Cell, db: Database, engine: Engine, client: distlock.Client) 
     with Session(engine) as seeding:
         seeding.add(target.model(id=row_id, **{target.column: 10}))  # no lock held: stored with token 0
         seeding.commit()
-    lock = None if cell.writer == "nolock" else client.lock(name, ttl=30, timeout=10)
+    lock = None if cell.writer in ("nolock", READ_BEFORE_LOCK) else client.lock(name, ttl=30, timeout=10)
     if lock is not None:
         lock.acquire()  # before the async flavour's event loop starts: its tasks see the lock held here
     with Side(db, engine, cell.flavour, strict=cell.mode == "strict") as side:
@@ -392,6 +403,11 @@ def run_cell(cell: Cell, db: Database, engine: Engine, client: distlock.Client) 
                     assert client.force_release(name, lock.token)
                 newer = newer_holder_claims(client, engine, name, row_id, target)
                 assert token is None or newer > token
+            if cell.writer == READ_BEFORE_LOCK:
+                lock = client.lock(name, ttl=30, timeout=10)
+                assert lock.acquire()
+                token = lock.token
+                assert token > newer
             if cell.state == "refreshed":
 
                 def refresh(session: Session) -> None:

@@ -6,11 +6,18 @@ fenced parent (``fence_token`` lives in the parent's table) and a row whose lock
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import models
 
-from distlock_django import FencedModel
+from distlock_django import FencedManager, FencedModel
+
+
+class MxQuerySet(models.QuerySet["MxItem"]):
+    """A user's queryset on Django's own ``QuerySet`` (its manager is declared ``MxQuerySet.as_manager()``)."""
+
+    def valued(self) -> MxQuerySet:
+        return self.filter(value__gt=0)
 
 
 class MxOwner(models.Model):
@@ -33,6 +40,11 @@ class MxItem(FencedModel):
 
     fence_lock = "mx:{pk}"
 
+    objects: ClassVar[FencedManager] = FencedManager()
+    # Managers a user adds on Django's own querysets: distlock puts FencedQuerySet in front of their queryset class.
+    plain: ClassVar[models.Manager[Any]] = models.Manager()
+    mine: ClassVar[Any] = MxQuerySet.as_manager()
+
     class Meta:
         app_label = "testapp"
 
@@ -47,6 +59,11 @@ class MxBase(FencedModel):
     )
 
     fence_lock = "mxb:{pk}"
+
+    objects: ClassVar[FencedManager] = FencedManager()
+    # Managers a user adds on Django's own querysets: distlock puts FencedQuerySet in front of their queryset class.
+    plain: ClassVar[models.Manager[Any]] = models.Manager()
+    mine: ClassVar[Any] = MxQuerySet.as_manager()
 
     class Meta:
         app_label = "testapp"
