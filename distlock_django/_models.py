@@ -14,13 +14,13 @@ name), writes carry the lock's fencing token and the database refuses them once 
   Claiming on read is what stops lost updates: a write-only guard lets a paused holder that read before a newer
   holder write after it, and both writes pass. Once the newer holder has claimed, the old one's write is refused.
 - ``save()`` is Django's own (signals, ``update_fields`` checks, related objects, inheritance); its UPDATE
-  (``_do_update``) is ``... SET ..., fence_token = :t WHERE pk = :pk AND fence_token <= :t AND fence_token IN
-  (:read) AND <the template's fields = the values the lock name was rendered from>``: the statement decides.
-  ``:read`` is the token the instance's data was read with (noted on ``instance._state`` by ``from_db()`` and
+  (``_do_update``) is ``... SET ..., fence_token = :t WHERE pk = :pk AND fence_token = :read AND <the template's
+  fields = the values the lock name was rendered from>`` (``:read <= :t``): the statement decides. ``:read`` is
+  the token the instance's data was read with (noted on ``instance._state`` by ``from_db()`` and
   ``refresh_from_db()``, kept through pickling and copies; ``fence_token`` is never deferred by a fenced
-  queryset's ``only()``/``defer()``), with the tokens of its own saves since (a save rolled back with its
-  transaction leaves the row at the earlier one). So an instance read before a lock holder wrote the row is
-  refused, whoever saves it. An instance built from a pk has no read: a blind write, guarded by ``<= :t`` alone.
+  queryset's ``only()``/``defer()``), or of its own last save or claim; one made in a transaction counts while
+  that transaction lives (see :class:`_Pending`). So an instance read before a lock holder wrote the row is
+  refused, whoever saves it. An instance built from a pk has no read: a blind write, ``fence_token <= :t`` alone.
   ``create()`` stores ``:t``. Every deletion of a fenced row (``delete()``, ``QuerySet.delete()``, a cascade,
   also from a plain parent) claims it first, in a ``pre_delete`` receiver inside Django's deletion transaction;
   ``delete()`` of a loaded instance also checks its read.
@@ -88,7 +88,9 @@ from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals
 from django.db.models.lookups import Exact
+from django.db.models.options import Options
 from django.db.models.query import ModelIterable, prefetch_related_objects
+from django.utils.functional import cached_property
 
 import distlock
 from distlock import Fence, KeyTemplate, LockNotOwned, StaleFenceToken, UnfencedWrite
@@ -249,45 +251,100 @@ def _one_row_kept(query: Any) -> bool:
 
 
 def _stale(
-    model: type[models.Model], pk: Any, token: int | None, using: str, action: str, reads: tuple[int, ...] | None = None
+    model: type[models.Model], pk: Any, token: int | None, using: str, action: str, read: int | None = None
 ) -> StaleFenceToken:
     current = model._base_manager.using(using).filter(pk=pk).values_list("fence_token", flat=True).first()
     message = distlock.fence_refused(
         f"{action} of {model.__name__} pk={pk}",
         token,
         current,
-        read=None if reads is None else max(reads),
+        read=read,
         family=_template(model).template,
     )
     return StaleFenceToken(message, token=token, row=pk, current=current)
 
 
-# -- the tokens an instance's data was read with ---------------------------------------------------------------------
+# -- the token an instance's data was read with ----------------------------------------------------------------------
 #
 # Kept on ``instance._state`` (Django's ModelState: copied with the instance, pickled with it), never taken from the
 # ``fence_token`` attribute, which code may overwrite. None: not known (built from a pk, loaded without its token):
 # a write is then checked against the lock's token alone, a blind write.
+#
+# A write or a claim made inside a transaction moves the row to the lock's token only until that transaction ends:
+# rolled back (the whole transaction, or the savepoint the write was made in), the row carries again what it carried
+# before. Django tells nobody of a rollback, but it drops the ``on_commit()`` callbacks registered inside what it
+# rolls back: so such a write is noted as ``_Pending``, with an ``on_commit()`` callback of its own, and read as the
+# write's token while that callback is still registered or has run, as what came before once it is gone. (Accepting
+# both instead would let a retry overwrite what another instance wrote with the same token after the rollback.)
 
 
-def _reads(instance: models.Model) -> tuple[int, ...] | None:
-    """The tokens the row may carry for ``instance``'s data to be current: the token it was read with, and those of
-    this instance's own writes since (a write rolled back with its transaction leaves the row at the earlier one;
-    tokens never go down, so a row at an earlier one has had no other write)."""
-    return cast("tuple[int, ...] | None", getattr(instance._state, "distlock_reads", None))
+class _Pending:
+    """``token``, written or claimed in a transaction of ``connection`` that had not ended; ``before`` (an int, None
+    or another ``_Pending``) if it is rolled back."""
+
+    __slots__ = ("before", "committed", "connection", "token")
+
+    def __init__(self, token: int, connection: BaseDatabaseWrapper, before: Any) -> None:
+        self.token, self.connection, self.before, self.committed = token, connection, before, False
+
+    def commit(self) -> None:
+        self.committed = True
+
+    def open(self) -> bool:
+        """Whether its transaction (or savepoint) still runs: its callback is still registered."""
+        return any(entry[1] == self.commit for entry in self.connection.run_on_commit)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_same, (_resolve(self),))  # a copy outlives the connection: it keeps what the read is now
+
+
+def _same(read: int | None) -> int | None:
+    return read
+
+
+def _resolve(read: Any) -> int | None:
+    while isinstance(read, _Pending):
+        if read.committed or read.open():
+            return read.token
+        read = read.before
+    return cast("int | None", read)
+
+
+def _read(instance: models.Model) -> int | None:
+    """The token ``instance``'s data was read with (or last written with), as the row carries it; None: unknown."""
+    read = getattr(instance._state, "distlock_read", None)
+    if isinstance(read, _Pending):
+        resolved = _resolve(read)
+        if not read.open():  # committed or rolled back: settled
+            instance._state.distlock_read = resolved  # type: ignore[attr-defined]
+        return resolved
+    return cast("int | None", read)
 
 
 def _note_read(instance: models.Model, token: int | None) -> None:
-    instance._state.distlock_reads = None if token is None else (token,)  # type: ignore[attr-defined]
+    instance._state.distlock_read = token  # type: ignore[attr-defined]
 
 
-def _note_write(instance: models.Model, token: int) -> None:
-    reads = _reads(instance)
-    if reads is not None and token not in reads:
-        instance._state.distlock_reads = (*reads, token)  # type: ignore[attr-defined]
+def _note_write(instance: models.Model, token: int, using: str, *, before_unknown: bool = False) -> None:
+    """``instance``'s row now carries ``token`` (this instance wrote or claimed it): its read from now on, or, in a
+    transaction, until that transaction is rolled back (then what was read before; unknown for a claim)."""
+    connection = connections[using]
+    if not connection.in_atomic_block:  # autocommit (or manual transactions, which no callback can follow)
+        _note_read(instance, token)
+        return
+    before = None if before_unknown else getattr(instance._state, "distlock_read", None)
+    pending = _Pending(token, connection, before)
+    instance._state.distlock_read = pending  # type: ignore[attr-defined]
+    transaction.on_commit(pending.commit, using=using)
 
 
-def _read_filter(reads: tuple[int, ...] | None) -> dict[str, Any]:
-    return {} if reads is None else {"fence_token__in": reads}
+def _read_filter(read: int | None, token: int | None = None) -> dict[str, Any]:
+    """The one lookup a write of data read with ``read`` carries: ``fence_token = :read`` (and, written with
+    ``token``, ``<= :t``: a read newer than ``token`` matches no row), or ``<= :t`` alone for a blind write. One
+    lookup, not two: building each costs a save about as much as running it adds."""
+    if read is None:
+        return {} if token is None else {"fence_token__lte": token}
+    return {"fence_token": read if token is None or read <= token else -1}
 
 
 def _owner(model: type[models.Model]) -> type[models.Model]:
@@ -354,6 +411,12 @@ class FencedQuerySet(models.QuerySet[_M]):
         clone._distlock_claim = self._distlock_claim
         return clone  # type: ignore[no-any-return]
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        plain = type(self).__dict__.get("_distlock_plain")  # a manager's own queryset class, made fenced
+        if plain is None:
+            return super().__reduce_ex__(protocol)
+        return (_unpickle_fenced, (plain,), self.__getstate__())
+
     def only(self, *fields: Any) -> Self:
         """Django's ``only()``; ``fence_token`` is always loaded too (a row's token is what its data was read with)."""
         if fields and fields != (None,) and "fence_token" not in fields:
@@ -371,6 +434,8 @@ class FencedQuerySet(models.QuerySet[_M]):
             rows = self._claim_and_read()
             if rows is not None:
                 self._result_cache = rows
+            super()._fetch_all()
+            self._result_cache = [self._claimed(row) for row in self._result_cache or ()]
         super()._fetch_all()
 
     def iterator(self, chunk_size: int | None = None) -> Iterator[Any]:
@@ -380,8 +445,18 @@ class FencedQuerySet(models.QuerySet[_M]):
                 lookups = self._prefetch_related_lookups  # type: ignore[attr-defined]
                 if lookups:
                     prefetch_related_objects(rows, *lookups)
-                return iter(rows)
+                return iter([self._claimed(row) for row in rows])
+            return (self._claimed(row) for row in super().iterator(chunk_size=chunk_size))
         return super().iterator(chunk_size=chunk_size)
+
+    def _claimed(self, row: Any) -> Any:
+        """A row this queryset claimed and read: its token is this instance's own claim (see :func:`_note_write`;
+        rolled back, the row carries again a token this instance never read)."""
+        if isinstance(row, FencedModel):
+            token = _read(row)
+            if token is not None:
+                _note_write(row, token, self.db, before_unknown=True)
+        return row
 
     def _fences(self, rows: Iterable[models.Model], fence: Fence | distlock.Lock | None) -> dict[int, list[Any]]:
         by_token: dict[int, list[Any]] = {}
@@ -700,17 +775,20 @@ class FencedModel(models.Model):
 
     @classmethod
     def from_db(cls, db: str | None, field_names: Collection[str], values: Collection[Any], **kwargs: Any) -> Self:
-        """Django's ``from_db()``; notes the token the row was read with (see :func:`_reads`)."""
+        """Django's ``from_db()``; notes the token the row was read with (see :func:`_read`)."""
         instance = super().from_db(db, field_names, values, **kwargs)
         _note_read(instance, instance.fence_token if "fence_token" in field_names else None)
         return instance
 
     def refresh_from_db(self, using: str | None = None, fields: Any = None, *args: Any, **kwargs: Any) -> None:
         """Django's ``refresh_from_db()``. Reloading all the fields the instance has loaded makes the row's token
-        its read; reloading some keeps the earlier read (the other fields were read with it)."""
+        its read; reloading some (``fields``, or a ``from_queryset`` with ``only()``/``defer()``, of which Django
+        copies the loaded fields only) keeps the earlier read: the other fields were read with it."""
         loaded = {f.attname for f in self._meta.concrete_fields} - self.get_deferred_fields()
+        from_queryset = kwargs.get("from_queryset", args[0] if args else None)
         super().refresh_from_db(using, fields, *args, **kwargs)
-        if fields is None or loaded <= set(fields):
+        partial = from_queryset is not None and bool(from_queryset.query.deferred_loading[0])
+        if (fields is None and not partial) or (fields is not None and loaded <= set(fields)):
             _note_read(self, None if "fence_token" in self.get_deferred_fields() else self.fence_token)
 
     def save(self, *args: Any, fence: Fence | distlock.Lock | None = None, **kwargs: Any) -> None:
@@ -726,7 +804,7 @@ class FencedModel(models.Model):
                 if found is not None:
                     _raw_update(_guard(type(self), using).filter(pk=self.pk), fence_token=found.token)
                     self.fence_token = found.token
-                _note_read(self, self.fence_token)
+                _note_write(self, self.fence_token, using, before_unknown=True)
             return
         # A pk is set: the row may exist (an instance built from a pk updates it), so only a forced insert is an
         # insert here.
@@ -769,34 +847,37 @@ class FencedModel(models.Model):
         if write is _PLAIN or base_qs.model is not owner:  # not from save() (raw fixtures), or a child's table
             return _django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update, *returning)
         values = [value for value in values if value[0].attname != "fence_token"]
-        reads = _reads(self)
+        read = _read(self)
         if not isinstance(write, Fence):
-            # Plain: Django's UPDATE, on the row only while it carries a token this instance's data was read with.
-            current = base_qs.filter(**_read_filter(reads))
-            if reads is not None and not values:  # Django's answer without a statement: the row must still match
-                return _django_do_update(self, current, using, pk_val, values, None, forced_update, *returning) or (
-                    self._refused_plain(base_qs, using, pk_val, reads, returning)
-                )
+            # Plain: Django's UPDATE, on the row only while it carries the token this instance's data was read with.
+            if read is not None and not values:
+                # Nothing of this table to write (a multi-table child's own fields, ``update_fields`` of another
+                # table): the row is still checked, in a statement that locks it until the save's transaction ends
+                # (the child's table is written in it), so no claim lands between the check and that write.
+                row = base_qs.filter(pk=pk_val, fence_token=read)
+                if not _raw_update(row, fence_token=models.F("fence_token")):
+                    return self._refused_plain(base_qs, using, pk_val, read, returning)
+            current = base_qs.filter(**_read_filter(read))
             updated = _django_do_update(self, current, using, pk_val, values, update_fields, forced_update, *returning)
-            return updated or self._refused_plain(base_qs, using, pk_val, reads, returning)
+            return updated or self._refused_plain(base_qs, using, pk_val, read, returning)
         names = _name_fields(type(self)) or []
         conditions = {field.attname: getattr(self, field.attname) for field in names}
         fence_field = owner._meta.get_field("fence_token")
-        filtered = base_qs.filter(pk=pk_val, fence_token__lte=write.token, **_read_filter(reads), **conditions)
+        filtered = base_qs.filter(pk=pk_val, **_read_filter(read, write.token), **conditions)
         updated = filtered._update([*values, (fence_field, None, write.token)], *returning)  # type: ignore[attr-defined]
         if updated:
             self.fence_token = write.token
-            _note_write(self, write.token)
+            _note_write(self, write.token, using)
             return updated if returning else True
         return self._refused(base_qs, using, pk_val, values, write, returning)
 
     def _refused_plain(
-        self, base_qs: models.QuerySet[Any], using: str, pk_val: Any, reads: tuple[int, ...] | None, returning: Any
+        self, base_qs: models.QuerySet[Any], using: str, pk_val: Any, read: int | None, returning: Any
     ) -> Any:
         """A plain UPDATE matched no row: gone (Django then inserts, or raises its own error), or a lock holder
         wrote or claimed it since this instance was read (``StaleFenceToken``)."""
-        if reads is not None and base_qs.filter(pk=pk_val).exists():
-            raise _stale(type(self), pk_val, None, using, "save", reads)
+        if read is not None and base_qs.filter(pk=pk_val).exists():
+            raise _stale(type(self), pk_val, None, using, "save", read)
         return [] if returning else False
 
     def _refused(
@@ -811,17 +892,17 @@ class FencedModel(models.Model):
         """A fenced UPDATE matched no row (the accepted path never comes here): the row is gone, was claimed by
         a newer holder, or is stored under another lock name — a move, which needs that lock too."""
         model = type(self)
-        reads = _reads(self)
+        read = _read(self)
         with transaction.atomic(using=using):
             stored = model._base_manager.using(using).select_for_update().filter(pk=pk_val).first()
             if stored is None:
                 if self._state.adding:
                     self.fence_token = write.token  # built from a pk, no such row: Django inserts it
                     return [] if returning else False
-                raise _stale(model, pk_val, write.token, using, "fenced save", reads)
+                raise _stale(model, pk_val, write.token, using, "fenced save", read)
             source = _lock_name_of(stored)
             if source == write.name:
-                raise _stale(model, pk_val, write.token, using, "fenced save", reads)
+                raise _stale(model, pk_val, write.token, using, "fenced save", read)
             # The row is stored under lock ``source``: its holder's token guards it; a moved row keeps the larger.
             held = distlock.fence_for_write(
                 source,
@@ -839,12 +920,12 @@ class FencedModel(models.Model):
             was = {field.attname: getattr(stored, field.attname) for field in names}
             token = max(held.token, write.token)
             fence_field = _owner(model)._meta.get_field("fence_token")
-            filtered = base_qs.filter(pk=pk_val, fence_token__lte=held.token, **_read_filter(reads), **was)
+            filtered = base_qs.filter(pk=pk_val, **_read_filter(read, held.token), **was)
             updated = filtered._update([*values, (fence_field, None, token)], *returning)  # type: ignore[attr-defined]
             if not updated:
-                raise _stale(model, pk_val, held.token, using, "fenced save", reads)
+                raise _stale(model, pk_val, held.token, using, "fenced save", read)
         self.fence_token = token
-        _note_write(self, token)
+        _note_write(self, token, using)
         return updated if returning else True
 
     def delete(
@@ -881,17 +962,17 @@ def _claim_before_delete(sender: type[models.Model], instance: models.Model, usi
     # The token read is checked for the instance delete() was called on. The others were read by Django's collector
     # in the deletion's transaction, a moment ago; one of them may be the same row as another (a multi-table child and
     # its parent share the row holding ``fence_token``), which the first claim has just moved on to ``:t``.
-    reads = _reads(instance) if direct else None
+    read = _read(instance) if direct else None
     if isinstance(found, Fence):
-        rows = guard.filter(pk=pk, fence_token__lte=found.token, **_read_filter(reads))
+        rows = guard.filter(pk=pk, **_read_filter(read, found.token))
         if _raw_update(rows, fence_token=found.token) != 1:
-            raise _stale(sender, instance.pk, found.token, using, "fenced delete", reads)
-    elif direct and reads is not None:
+            raise _stale(sender, instance.pk, found.token, using, "fenced delete", read)
+    elif direct and read is not None:
         # Plain: the row is deleted only while it carries a token the instance was read with (the statement takes
         # the row's lock in the deletion's transaction, so no claim lands between it and the DELETE).
-        unchanged = _raw_update(guard.filter(pk=pk, fence_token__in=reads), fence_token=models.F("fence_token"))
+        unchanged = _raw_update(guard.filter(pk=pk, fence_token=read), fence_token=models.F("fence_token"))
         if unchanged != 1 and guard.filter(pk=pk).exists():
-            raise _stale(sender, instance.pk, None, using, "delete", reads)
+            raise _stale(sender, instance.pk, None, using, "delete", read)
 
 
 _FENCED_QUERYSETS: dict[type[models.QuerySet[Any]], type[FencedQuerySet[Any]]] = {}
@@ -899,14 +980,36 @@ _FENCED_QUERYSETS: dict[type[models.QuerySet[Any]], type[FencedQuerySet[Any]]] =
 
 def _fenced_queryset_class(queryset_class: type[models.QuerySet[Any]]) -> type[FencedQuerySet[Any]]:
     """``queryset_class`` with ``FencedQuerySet`` in front of it: its own methods, behind the fence's (``update()``,
-    ``bulk_*`` refused in strict mode, ``fenced()``). Made once per class, and kept importable from this module under
-    a name of its own so that querysets of it pickle."""
+    ``bulk_*`` refused in strict mode, ``fenced()``). Made once per class. It bears the original's name and module, so
+    a manager made with ``as_manager()`` deconstructs into migrations as the original; its querysets pickle as the
+    original's class, made fenced again when unpickled (:meth:`FencedQuerySet.__reduce_ex__`)."""
     fenced = _FENCED_QUERYSETS.get(queryset_class)
     if fenced is None:
-        name = f"_Fenced_{queryset_class.__module__}_{queryset_class.__qualname__}".replace(".", "_")
-        fenced = type(name, (FencedQuerySet, queryset_class), {"__module__": __name__, "__qualname__": name})
-        globals()[name] = _FENCED_QUERYSETS[queryset_class] = fenced
+        namespace = {
+            "__module__": queryset_class.__module__,
+            "__qualname__": queryset_class.__qualname__,
+            "_distlock_plain": queryset_class,
+        }
+        fenced = type(queryset_class.__name__, (FencedQuerySet, queryset_class), namespace)
+        _FENCED_QUERYSETS[queryset_class] = fenced
     return fenced
+
+
+def _unpickle_fenced(plain: type[models.QuerySet[Any]]) -> FencedQuerySet[Any]:
+    fenced = _fenced_queryset_class(plain)
+    return fenced.__new__(fenced)
+
+
+class _FencedOptions(Options):  # type: ignore[type-arg]
+    """The ``_meta`` of a concrete fenced model: Django's, with a fenced queryset class on every manager."""
+
+    @cached_property
+    def managers(self) -> Any:
+        managers = Options.managers.func(self)  # type: ignore[attr-defined]
+        for manager in managers:
+            if not issubclass(manager._queryset_class, FencedQuerySet):
+                manager._queryset_class = _fenced_queryset_class(manager._queryset_class)
+        return managers
 
 
 def _prepare_fenced(sender: type[models.Model], **kwargs: Any) -> None:
@@ -915,15 +1018,13 @@ def _prepare_fenced(sender: type[models.Model], **kwargs: Any) -> None:
     mode: its queryset class gets ``FencedQuerySet`` in front)."""
     if not issubclass(sender, FencedModel) or sender._meta.abstract:
         return
-    # The managers declared on fenced classes (this model, its fenced parents, abstract or not). Django's
-    # ``_meta.managers`` are copies of these, made again whenever the app registry clears its caches, as registering
-    # this model (right after this signal) does. A manager of a mixin that is no FencedModel is left as it is (other
-    # models share it): ``manage.py check`` names it.
-    for base in sender.__mro__:
-        if isinstance(base, type) and issubclass(base, FencedModel):
-            for manager in cast(Any, base._meta.local_managers):
-                if not issubclass(manager._queryset_class, FencedQuerySet):
-                    manager._queryset_class = _fenced_queryset_class(manager._queryset_class)
+    # Every manager gets a fenced queryset: Django's ``_meta.managers`` (copies of the managers declared on the
+    # model and its parents, bound to it) are made by this model's own Options class from now on, which puts
+    # FencedQuerySet in front of each copy's queryset class; made again whenever the app registry clears its caches.
+    meta = cast(Any, sender._meta)
+    if not isinstance(meta, _FencedOptions):
+        meta.__class__ = _FencedOptions
+        meta._expire_cache(reverse=False)  # the copies Django made before this signal
     signals.pre_delete.connect(
         _claim_before_delete, sender=sender, weak=False, dispatch_uid=f"distlock:{sender._meta.label}"
     )

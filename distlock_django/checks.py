@@ -26,6 +26,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
+from django.db.models.manager import BaseManager
 
 import distlock
 
@@ -88,16 +89,22 @@ def check_fenced_models(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 
 
 def _plain_managers(model: Any) -> list[checks.CheckMessage]:
-    """A manager of a fenced model whose ``get_queryset()`` builds a queryset of its own class rather than its
+    """A manager of a fenced model whose ``get_queryset()`` builds a queryset of another class than its
     ``_queryset_class`` (which distlock makes fenced) returns Django's ``QuerySet``: its writes pass strict mode
-    unseen. Building a queryset runs no query."""
+    unseen. Only an overridden ``get_queryset()`` is called (building a queryset runs no query); one that fails
+    here, say on request state, is passed over."""
     from ._models import FencedQuerySet
 
     configured = getattr(settings, "DISTLOCK", None)
     strict = isinstance(configured, dict) and configured.get("FENCING") == "strict"
     found: list[checks.CheckMessage] = []
     for manager in model._meta.managers:
-        queryset = manager.get_queryset()
+        if type(manager).get_queryset is BaseManager.get_queryset:
+            continue  # builds its queryset class, which distlock has made fenced
+        try:
+            queryset = manager.get_queryset()
+        except Exception:  # e.g. a filter on request state, absent here: what it builds cannot be told here
+            continue
         if isinstance(queryset, FencedQuerySet):
             continue
         level, check_id = (checks.Error, "distlock.E014") if strict else (checks.Warning, "distlock.W002")

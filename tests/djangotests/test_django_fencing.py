@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 from _support import Worker
@@ -168,6 +169,15 @@ class _Undo(Exception):
     pass
 
 
+def _rolled_back(using: str, step: Callable[[], object]) -> object:
+    """Run ``step`` in ``transaction.atomic()``, then roll that transaction back; ``step``'s result."""
+    result: list[object] = []
+    with contextlib.suppress(_Undo), transaction.atomic(using=using):
+        result.append(step())
+        raise _Undo
+    return result[0]
+
+
 @pytest.mark.parametrize("locked", [True, False], ids=["in-the-lock", "no-lock"])
 def test_a_save_rolled_back_with_its_transaction_can_be_made_again(db_alias: str, locked: bool) -> None:
     """A save notes its token as the instance's read; rolled back, the row keeps the earlier token, which the instance
@@ -179,9 +189,7 @@ def test_a_save_rolled_back_with_its_transaction_can_be_made_again(db_alias: str
     with contextlib.ExitStack() as stack:
         lock = stack.enter_context(get_client().lock(name, ttl=10)) if locked else None
         read.balance = 2
-        with pytest.raises(_Undo), transaction.atomic(using=db_alias):
-            read.save()
-            raise _Undo
+        _rolled_back(db_alias, read.save)
         assert Account.objects.get(pk=account.pk).balance == 1
         read.save()  # the retry
         assert Account.objects.get(pk=account.pk).balance == 2
@@ -192,6 +200,78 @@ def test_a_save_rolled_back_with_its_transaction_can_be_made_again(db_alias: str
     with pytest.raises(distlock.StaleFenceToken):
         read.save()
     assert Account.objects.get(pk=account.pk).balance == 2
+
+
+def test_a_claim_rolled_back_with_its_transaction_leaves_the_save_in_the_lock_free(db_alias: str) -> None:
+    """Claimed with ``.fenced()`` in a transaction that rolls back: the row carries its earlier token again, which
+    the instance never read; inside its lock the holder's save then lands (as a blind write would)."""
+    account = Account.objects.create(balance=1)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as lock:
+
+        def claim_and_save() -> Account:
+            claimed: Account = Account.objects.filter(pk=account.pk).fenced().get()
+            claimed.balance = 2
+            claimed.save()
+            return claimed
+
+        claimed = cast(Account, _rolled_back(db_alias, claim_and_save))
+        assert Account.objects.get(pk=account.pk).fence_token == 0
+        claimed.save()
+        assert Account.objects.values_list("balance", "fence_token").get(pk=account.pk) == (2, lock.token)
+
+
+def test_a_rolled_back_save_does_not_make_its_token_acceptable(db_alias: str) -> None:
+    """An instance read outside the lock saves inside it, in a transaction that rolls back; then another instance
+    claims and writes the row with the same lock's token. The first instance's save is refused: its data predates
+    that write (its own write, with that token, never happened)."""
+    account = Account.objects.create(balance=1, note="original")
+    early = Account.objects.get(pk=account.pk)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        early.balance = 5
+        _rolled_back(db_alias, early.save)
+        other = Account.objects.filter(pk=account.pk).fenced().get()
+        other.note = "written in the lock"
+        other.save()
+        early.balance = 6
+        with pytest.raises(distlock.StaleFenceToken):
+            early.save()
+    assert Account.objects.values_list("balance", "note").get(pk=account.pk) == (1, "written in the lock")
+
+
+def test_a_refresh_of_some_fields_keeps_the_earlier_read(db_alias: str) -> None:
+    """``refresh_from_db(from_queryset=....only(...))`` copies the loaded fields only: the others were read with the
+    earlier token, so a save after a holder wrote the row is refused."""
+    account = Account.objects.create(balance=1, note="original")
+    early = Account.objects.get(pk=account.pk)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        holder = Account.objects.filter(pk=account.pk).fenced().get()
+        holder.note = "the holder's"
+        holder.save()
+    early.refresh_from_db(from_queryset=Account.objects.only("balance"))
+    early.balance += 1
+    with pytest.raises(distlock.StaleFenceToken):
+        early.save()
+    early.refresh_from_db(from_queryset=Account.objects.all())  # all of it: the row's token is its read now
+    early.save()
+    assert Account.objects.values_list("balance", "note").get(pk=account.pk) == (1, "the holder's")
+
+
+def test_a_manager_on_djangos_own_queryset_is_fenced_on_a_model_loaded_at_start_up(
+    db_alias: str, settings: Settings
+) -> None:
+    """``Entry.plain = models.Manager()`` (a model of an app Django loads when it starts): its queryset is fenced, so
+    strict mode refuses its plain writes, and ``only()`` still loads ``fence_token``."""
+    from djangotests.testapp.models import Entry
+
+    from distlock_django import FencedQuerySet
+
+    entry = Entry.objects.create(book=1, amount=1)
+    assert isinstance(Entry.plain.all(), FencedQuerySet)
+    assert "fence_token" not in Entry.plain.only("amount").get(pk=entry.pk).get_deferred_fields()
+    settings.DISTLOCK = {**settings.DISTLOCK, "FENCING": "strict"}
+    with pytest.raises(distlock.UnfencedWrite):
+        Entry.plain.filter(pk=entry.pk).update(amount=5)
+    assert Entry.objects.get(pk=entry.pk).amount == 1
 
 
 def test_a_stale_save_is_refused_and_writes_nothing(db_alias: str) -> None:

@@ -643,6 +643,64 @@ def _race(op: str) -> None:
         assert a_result == "StaleFenceToken"
 
 
+def _until_done_or_waiting(done: threading.Event) -> bool:
+    """Wait until ``done`` or a PostgreSQL session of the test database waits for a row lock: whether one waited."""
+    deadline = time.monotonic() + 30
+    while not done.wait(0.01):
+        with connections["pg"].cursor() as probe:
+            probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if probe.fetchone()[0]:
+                return True
+        assert time.monotonic() < deadline, "the holder neither committed nor waited"
+    return False
+
+
+def test_a_plain_save_of_a_childs_own_fields_never_overwrites_a_claim(matrix_db: None) -> None:
+    """No lock: A saves only a multi-table child's own fields (nothing of the parent's table, where ``fence_token``
+    is). A holder that claims and writes the row just before A's UPDATE of the child's table either waits for A's
+    transaction (A's check of its read locked the parent row) and writes after it, or A is refused: the holder's
+    write stands. A database execute wrapper on A's connection runs the holder then, in a thread."""
+    router.CURRENT[0] = "pg"
+    try:
+        cell = _make(MxSub)
+        obj: Any = MxSub.objects.get(pk=cell.pk)
+        done = threading.Event()
+        waited: list[bool] = []
+
+        def holder_writes() -> None:
+            try:
+                with get_client().lock(cell.name, ttl=10):
+                    row = MxSub.objects.filter(pk=cell.pk).fenced().get()
+                    row.extra = 7
+                    row.save(update_fields=["extra"])
+            finally:
+                connections["pg"].close()
+                done.set()
+
+        child = MxSub._meta.db_table
+
+        def before_the_child_table(execute: Callable[..., Any], sql: str, params: Any, many: bool, ctx: Any) -> Any:
+            if sql.lstrip().upper().startswith("UPDATE") and child in sql and not waited:
+                threading.Thread(target=holder_writes).start()  # a new thread: no lock of A's context
+                waited.append(_until_done_or_waiting(done))
+            return execute(sql, params, many, ctx)
+
+        obj.extra = 5
+        with connections["pg"].execute_wrapper(before_the_child_table):
+            result = _attempt(lambda: obj.save(update_fields=["extra"]))
+        assert done.wait(30)
+        extra = MxSub.objects.filter(pk=cell.pk).values_list("extra", flat=True).get()
+        if result == "wrote":
+            assert waited == [True], "A's write landed after the holder's had committed"
+            assert extra == 7, "the holder's write, made after A's, is lost"
+        else:
+            assert result == "StaleFenceToken" and extra == 7
+    finally:
+        router.CURRENT[0] = "default"
+
+
 def test_a_user_managers_queryset_keeps_its_methods_and_pickles(alias: str) -> None:
     """A manager declared on Django's own QuerySet gets FencedQuerySet in front of its queryset class: its own
     methods stay, and its querysets pickle (the class is importable under a name of its own)."""

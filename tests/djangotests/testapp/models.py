@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime
+from typing import ClassVar
 
 from django.db import models
 
@@ -40,6 +41,9 @@ class Entry(FencedModel):
     )
 
     fence_lock = "book:{book}"
+
+    objects: ClassVar[FencedManager] = FencedManager()
+    plain: ClassVar[models.Manager[Entry]] = models.Manager()  # Django's own QuerySet, on a model loaded at start
 
     class Meta:
         app_label = "testapp"
