@@ -19,7 +19,7 @@ name), writes carry the lock's fencing token and the database refuses them once 
   the token the instance's data was read with (noted on ``instance._state`` by ``from_db()`` and
   ``refresh_from_db()``, kept through pickling and copies; ``fence_token`` is never deferred by a fenced
   queryset's ``only()``/``defer()``), or of its own last save or claim; one made in a transaction counts while
-  that transaction lives (see :class:`_Pending`). So an instance read before a lock holder wrote the row is
+  that transaction lives (``distlock_django._reads``). So an instance read before a lock holder wrote the row is
   refused, whoever saves it. An instance built from a pk has no read: a blind write, ``fence_token <= :t`` alone.
   ``create()`` stores ``:t``. Every deletion of a fenced row (``delete()``, ``QuerySet.delete()``, a cascade,
   also from a plain parent) claims it first, in a ``pre_delete`` receiver inside Django's deletion transaction;
@@ -96,6 +96,7 @@ import distlock
 from distlock import Fence, KeyTemplate, LockNotOwned, StaleFenceToken, UnfencedWrite
 
 from ._conf import conf, lock_name
+from ._reads import note_loaded, note_read, note_write, read_filter, read_of
 
 __all__ = ["FencedManager", "FencedModel", "FencedQuerySet", "fence_of"]
 
@@ -264,89 +265,6 @@ def _stale(
     return StaleFenceToken(message, token=token, row=pk, current=current)
 
 
-# -- the token an instance's data was read with ----------------------------------------------------------------------
-#
-# Kept on ``instance._state`` (Django's ModelState: copied with the instance, pickled with it), never taken from the
-# ``fence_token`` attribute, which code may overwrite. None: not known (built from a pk, loaded without its token):
-# a write is then checked against the lock's token alone, a blind write.
-#
-# A write or a claim made inside a transaction moves the row to the lock's token only until that transaction ends:
-# rolled back (the whole transaction, or the savepoint the write was made in), the row carries again what it carried
-# before. Django tells nobody of a rollback, but it drops the ``on_commit()`` callbacks registered inside what it
-# rolls back: so such a write is noted as ``_Pending``, with an ``on_commit()`` callback of its own, and read as the
-# write's token while that callback is still registered or has run, as what came before once it is gone. (Accepting
-# both instead would let a retry overwrite what another instance wrote with the same token after the rollback.)
-
-
-class _Pending:
-    """``token``, written or claimed in a transaction of ``connection`` that had not ended; ``before`` (an int, None
-    or another ``_Pending``) if it is rolled back."""
-
-    __slots__ = ("before", "committed", "connection", "token")
-
-    def __init__(self, token: int, connection: BaseDatabaseWrapper, before: Any) -> None:
-        self.token, self.connection, self.before, self.committed = token, connection, before, False
-
-    def commit(self) -> None:
-        self.committed = True
-
-    def open(self) -> bool:
-        """Whether its transaction (or savepoint) still runs: its callback is still registered."""
-        return any(entry[1] == self.commit for entry in self.connection.run_on_commit)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_same, (_resolve(self),))  # a copy outlives the connection: it keeps what the read is now
-
-
-def _same(read: int | None) -> int | None:
-    return read
-
-
-def _resolve(read: Any) -> int | None:
-    while isinstance(read, _Pending):
-        if read.committed or read.open():
-            return read.token
-        read = read.before
-    return cast("int | None", read)
-
-
-def _read(instance: models.Model) -> int | None:
-    """The token ``instance``'s data was read with (or last written with), as the row carries it; None: unknown."""
-    read = getattr(instance._state, "distlock_read", None)
-    if isinstance(read, _Pending):
-        resolved = _resolve(read)
-        if not read.open():  # committed or rolled back: settled
-            instance._state.distlock_read = resolved  # type: ignore[attr-defined]
-        return resolved
-    return cast("int | None", read)
-
-
-def _note_read(instance: models.Model, token: int | None) -> None:
-    instance._state.distlock_read = token  # type: ignore[attr-defined]
-
-
-def _note_write(instance: models.Model, token: int, using: str, *, before_unknown: bool = False) -> None:
-    """``instance``'s row now carries ``token`` (this instance wrote or claimed it): its read from now on, or, in a
-    transaction, until that transaction is rolled back (then what was read before; unknown for a claim)."""
-    connection = connections[using]
-    if not connection.in_atomic_block:  # autocommit (or manual transactions, which no callback can follow)
-        _note_read(instance, token)
-        return
-    before = None if before_unknown else getattr(instance._state, "distlock_read", None)
-    pending = _Pending(token, connection, before)
-    instance._state.distlock_read = pending  # type: ignore[attr-defined]
-    transaction.on_commit(pending.commit, using=using)
-
-
-def _read_filter(read: int | None, token: int | None = None) -> dict[str, Any]:
-    """The one lookup a write of data read with ``read`` carries: ``fence_token = :read`` (and, written with
-    ``token``, ``<= :t``: a read newer than ``token`` matches no row), or ``<= :t`` alone for a blind write. One
-    lookup, not two: building each costs a save about as much as running it adds."""
-    if read is None:
-        return {} if token is None else {"fence_token__lte": token}
-    return {"fence_token": read if token is None or read <= token else -1}
-
-
 def _owner(model: type[models.Model]) -> type[models.Model]:
     """The model whose table holds ``fence_token``: the model itself, or (multi-table inheritance) the fenced
     parent. Every guard is an UPDATE of that table alone, with the token in its WHERE."""
@@ -450,12 +368,12 @@ class FencedQuerySet(models.QuerySet[_M]):
         return super().iterator(chunk_size=chunk_size)
 
     def _claimed(self, row: Any) -> Any:
-        """A row this queryset claimed and read: its token is this instance's own claim (see :func:`_note_write`;
-        rolled back, the row carries again a token this instance never read)."""
+        """A row this queryset claimed and read: its token is this instance's own claim (rolled back with its
+        transaction, the row carries again a token this instance never read: ``distlock_django._reads``)."""
         if isinstance(row, FencedModel):
-            token = _read(row)
+            token = read_of(row, self.db)
             if token is not None:
-                _note_write(row, token, self.db, before_unknown=True)
+                note_write(row, token, self.db, before_unknown=True)
         return row
 
     def _fences(self, rows: Iterable[models.Model], fence: Fence | distlock.Lock | None) -> dict[int, list[Any]]:
@@ -727,7 +645,13 @@ class FencedQuerySet(models.QuerySet[_M]):
                 f"bulk_create(update_conflicts=True) of {self.model.__name__} updates fence_token: a plain write "
                 "never changes it (a row's token never goes down)"
             )
-        return super().bulk_create(objs, *args, **kwargs)
+        created = super().bulk_create(objs, *args, **kwargs)
+        conflicts = kwargs.get("ignore_conflicts") or kwargs.get("update_conflicts") or any(args[1:3])
+        if not conflicts:  # each row is as inserted: its token is the object's read
+            for obj in created:
+                if isinstance(obj, FencedModel):
+                    note_write(obj, obj.fence_token, self.db, before_unknown=True)
+        return created
 
     def bulk_update(self, objs: Iterable[_M], fields: Iterable[str], batch_size: int | None = None) -> int:
         """Plain updates; refused in strict mode, and never of ``fence_token`` (``ConfigurationError``)."""
@@ -775,9 +699,9 @@ class FencedModel(models.Model):
 
     @classmethod
     def from_db(cls, db: str | None, field_names: Collection[str], values: Collection[Any], **kwargs: Any) -> Self:
-        """Django's ``from_db()``; notes the token the row was read with (see :func:`_read`)."""
+        """Django's ``from_db()``; notes the token the row was read with (``distlock_django._reads``)."""
         instance = super().from_db(db, field_names, values, **kwargs)
-        _note_read(instance, instance.fence_token if "fence_token" in field_names else None)
+        note_loaded(instance, instance.fence_token if "fence_token" in field_names else None, instance._state.db)
         return instance
 
     def refresh_from_db(self, using: str | None = None, fields: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -789,7 +713,8 @@ class FencedModel(models.Model):
         super().refresh_from_db(using, fields, *args, **kwargs)
         partial = from_queryset is not None and bool(from_queryset.query.deferred_loading[0])
         if (fields is None and not partial) or (fields is not None and loaded <= set(fields)):
-            _note_read(self, None if "fence_token" in self.get_deferred_fields() else self.fence_token)
+            token = None if "fence_token" in self.get_deferred_fields() else self.fence_token
+            note_loaded(self, token, self._state.db)
 
     def save(self, *args: Any, fence: Fence | distlock.Lock | None = None, **kwargs: Any) -> None:
         """Django's ``save()``, with an update of an existing row fenced in its own UPDATE statement
@@ -804,7 +729,7 @@ class FencedModel(models.Model):
                 if found is not None:
                     _raw_update(_guard(type(self), using).filter(pk=self.pk), fence_token=found.token)
                     self.fence_token = found.token
-                _note_write(self, self.fence_token, using, before_unknown=True)
+                note_write(self, self.fence_token, using, before_unknown=True)
             return
         # A pk is set: the row may exist (an instance built from a pk updates it), so only a forced insert is an
         # insert here.
@@ -847,7 +772,7 @@ class FencedModel(models.Model):
         if write is _PLAIN or base_qs.model is not owner:  # not from save() (raw fixtures), or a child's table
             return _django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update, *returning)
         values = [value for value in values if value[0].attname != "fence_token"]
-        read = _read(self)
+        read = read_of(self, using)
         if not isinstance(write, Fence):
             # Plain: Django's UPDATE, on the row only while it carries the token this instance's data was read with.
             if read is not None and not values:
@@ -857,26 +782,29 @@ class FencedModel(models.Model):
                 row = base_qs.filter(pk=pk_val, fence_token=read)
                 if not _raw_update(row, fence_token=models.F("fence_token")):
                     return self._refused_plain(base_qs, using, pk_val, read, returning)
-            current = base_qs.filter(**_read_filter(read))
+            current = base_qs.filter(**read_filter(read))
             updated = _django_do_update(self, current, using, pk_val, values, update_fields, forced_update, *returning)
+            if updated and self._state.db != using:
+                note_read(self, None)  # a copy to another database: its row's token there is not known
             return updated or self._refused_plain(base_qs, using, pk_val, read, returning)
         names = _name_fields(type(self)) or []
         conditions = {field.attname: getattr(self, field.attname) for field in names}
         fence_field = owner._meta.get_field("fence_token")
-        filtered = base_qs.filter(pk=pk_val, **_read_filter(read, write.token), **conditions)
+        filtered = base_qs.filter(pk=pk_val, **read_filter(read, write.token), **conditions)
         updated = filtered._update([*values, (fence_field, None, write.token)], *returning)  # type: ignore[attr-defined]
         if updated:
             self.fence_token = write.token
-            _note_write(self, write.token, using)
+            note_write(self, write.token, using)
             return updated if returning else True
         return self._refused(base_qs, using, pk_val, values, write, returning)
 
     def _refused_plain(
         self, base_qs: models.QuerySet[Any], using: str, pk_val: Any, read: int | None, returning: Any
     ) -> Any:
-        """A plain UPDATE matched no row: gone (Django then inserts, or raises its own error), or a lock holder
-        wrote or claimed it since this instance was read (``StaleFenceToken``)."""
-        if read is not None and base_qs.filter(pk=pk_val).exists():
+        """A plain UPDATE matched no row. Of a loaded instance (``read`` known): written, claimed or deleted since it
+        was read (``StaleFenceToken``; saved again, a deleted row would come back with the data read before its
+        deletion). Otherwise the row is not there: Django inserts it, or raises its own error."""
+        if read is not None:
             raise _stale(type(self), pk_val, None, using, "save", read)
         return [] if returning else False
 
@@ -892,7 +820,7 @@ class FencedModel(models.Model):
         """A fenced UPDATE matched no row (the accepted path never comes here): the row is gone, was claimed by
         a newer holder, or is stored under another lock name — a move, which needs that lock too."""
         model = type(self)
-        read = _read(self)
+        read = read_of(self, using)
         with transaction.atomic(using=using):
             stored = model._base_manager.using(using).select_for_update().filter(pk=pk_val).first()
             if stored is None:
@@ -920,12 +848,12 @@ class FencedModel(models.Model):
             was = {field.attname: getattr(stored, field.attname) for field in names}
             token = max(held.token, write.token)
             fence_field = _owner(model)._meta.get_field("fence_token")
-            filtered = base_qs.filter(pk=pk_val, **_read_filter(read, held.token), **was)
+            filtered = base_qs.filter(pk=pk_val, **read_filter(read, held.token), **was)
             updated = filtered._update([*values, (fence_field, None, token)], *returning)  # type: ignore[attr-defined]
             if not updated:
                 raise _stale(model, pk_val, held.token, using, "fenced save", read)
         self.fence_token = token
-        _note_write(self, token, using)
+        note_write(self, token, using)
         return updated if returning else True
 
     def delete(
@@ -962,9 +890,9 @@ def _claim_before_delete(sender: type[models.Model], instance: models.Model, usi
     # The token read is checked for the instance delete() was called on. The others were read by Django's collector
     # in the deletion's transaction, a moment ago; one of them may be the same row as another (a multi-table child and
     # its parent share the row holding ``fence_token``), which the first claim has just moved on to ``:t``.
-    read = _read(instance) if direct else None
+    read = read_of(instance, using) if direct else None
     if isinstance(found, Fence):
-        rows = guard.filter(pk=pk, **_read_filter(read, found.token))
+        rows = guard.filter(pk=pk, **read_filter(read, found.token))
         if _raw_update(rows, fence_token=found.token) != 1:
             raise _stale(sender, instance.pk, found.token, using, "fenced delete", read)
     elif direct and read is not None:

@@ -12,7 +12,7 @@ reported at once, one message per bad key, each with the key's own id:
 - ``distlock.W001`` an unknown key (a warning, with the closest known key);
 - ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks;
 - ``distlock.E014`` (``FENCING = "strict"``) / ``distlock.W002`` (otherwise) a fenced model with a manager whose
-  ``get_queryset()`` returns a queryset that is not a ``FencedQuerySet`` (every manager's own queryset class is made
+  own ``get_queryset()`` returns a queryset that is not a ``FencedQuerySet`` (every manager's queryset class is made
   one; a ``get_queryset()`` that builds another class escapes that): its ``update()``, ``bulk_*`` and upserts bypass
   strict mode and the ``fence_token`` guards.
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from _support import Worker
@@ -169,6 +170,14 @@ class _Undo(Exception):
     pass
 
 
+def _a_holder_writes(pk: int) -> None:
+    """A lock holder takes the row's lock, claims the row and writes it (a note of its own)."""
+    with get_client().lock(lock_name(f"account:{pk}"), ttl=10):
+        holder = Account.objects.filter(pk=pk).fenced().get()
+        holder.note = "the holder's"
+        holder.save()
+
+
 def _rolled_back(using: str, step: Callable[[], object]) -> object:
     """Run ``step`` in ``transaction.atomic()``, then roll that transaction back; ``step``'s result."""
     result: list[object] = []
@@ -238,15 +247,154 @@ def test_a_rolled_back_save_does_not_make_its_token_acceptable(db_alias: str) ->
     assert Account.objects.values_list("balance", "note").get(pk=account.pk) == (1, "written in the lock")
 
 
+def test_nested_transactions_rolled_back_leave_the_read_before_them(db_alias: str) -> None:
+    """A save in an outer transaction, another in a savepoint rolled back, a third; the outer rolled back too: the
+    instance's read is again the one it had before, so after a lock holder writes the row its save is refused."""
+    account = Account.objects.create(balance=1, note="original")
+    early = Account.objects.get(pk=account.pk)
+
+    def saves() -> None:
+        early.balance = 2
+        early.save()
+        _rolled_back(db_alias, early.save)
+        early.balance = 3
+        early.save()
+
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        _rolled_back(db_alias, saves)
+        holder = Account.objects.filter(pk=account.pk).fenced().get()
+        holder.note = "the holder's"
+        holder.save()
+    early.balance = 4
+    with pytest.raises(distlock.StaleFenceToken):
+        early.save()
+    assert Account.objects.values_list("balance", "note").get(pk=account.pk) == (1, "the holder's")
+
+
+def test_a_claim_then_a_rolled_back_savepoint_then_all_rolled_back_lands_in_the_lock(db_alias: str) -> None:
+    """A claim in an outer transaction, a save in a savepoint rolled back, a save; all rolled back: the row carries
+    its earlier token again, unknown to the instance (a claim), so the holder's save lands."""
+    account = Account.objects.create(balance=1)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as lock:
+
+        def claim_and_saves() -> Account:
+            claimed: Account = Account.objects.filter(pk=account.pk).fenced().get()
+            claimed.balance = 2
+            _rolled_back(db_alias, claimed.save)
+            claimed.save()
+            return claimed
+
+        claimed = cast(Account, _rolled_back(db_alias, claim_and_saves))
+        claimed.save()
+        assert Account.objects.values_list("balance", "fence_token").get(pk=account.pk) == (2, lock.token)
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["saves", "raises"])
+def test_the_applications_on_commit_callbacks_see_the_save_committed(db_alias: str, raises: bool) -> None:
+    """A callback registered before the claim and save runs before distlock's would if it were last: it saves the
+    instance again (landing), or raises (Django then runs no callback after it); either way the claim and save
+    committed and are the instance's read: after a holder writes the row, its save outside the lock is refused."""
+    account = Account.objects.create(balance=1, note="original")
+    claimed: list[Account] = []
+
+    def callback() -> None:
+        if raises:
+            raise RuntimeError("the mail server is down")
+        claimed[0].note = "after commit"
+        claimed[0].save()
+
+    with contextlib.suppress(RuntimeError), transaction.atomic(using=db_alias):
+        transaction.on_commit(callback, using=db_alias)
+        with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+            claimed.append(Account.objects.filter(pk=account.pk).fenced().get())
+            claimed[0].balance = 2
+            claimed[0].save()
+    instance = claimed[0]
+    assert Account.objects.values_list("balance", "note").get(pk=account.pk) == (
+        2,
+        "original" if raises else "after commit",
+    )
+    _a_holder_writes(account.pk)
+    with pytest.raises(distlock.StaleFenceToken):
+        instance.save()
+
+
+def test_a_deep_copy_follows_the_transaction_of_its_original(db_alias: str) -> None:
+    """``copy.deepcopy`` of an instance whose save is not committed yet: rolled back, the copy's read is again the
+    earlier one, as its original's, and its retry lands."""
+    account = Account.objects.create(balance=1)
+    early = Account.objects.get(pk=account.pk)
+    copies: list[Account] = []
+
+    def save_and_copy() -> None:
+        early.save()
+        copies.append(copy.deepcopy(early))
+
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        _rolled_back(db_alias, save_and_copy)
+        copies[0].balance = 5
+        copies[0].save()
+    assert Account.objects.get(pk=account.pk).balance == 5
+
+
+@pytest.mark.parametrize("how", [{}, {"update_fields": ["balance"]}, {"force_update": True}], ids=str)
+def test_a_plain_save_of_a_row_a_holder_deleted_is_refused(db_alias: str, how: dict[str, Any]) -> None:
+    """No lock: the row the instance was read from has been deleted by a lock holder. The save is refused
+    (``StaleFenceToken``), not an insert of the data read before the deletion, nor Django's own DatabaseError."""
+    account = Account.objects.create(balance=1)
+    early = Account.objects.get(pk=account.pk)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        Account.objects.filter(pk=account.pk).fenced().get().delete()
+    with pytest.raises(distlock.StaleFenceToken):
+        early.save(**how)
+    assert not Account.objects.filter(pk=account.pk).exists()
+
+
+def test_a_copy_to_another_database_is_a_blind_write_there(django_servers: dict[str, str]) -> None:
+    """Django's way of copying a row to another database, ``save(using=...)``: the token read from the first does
+    not apply to the second's row, which the copy inserts (or overwrites, as a blind write)."""
+    account = Account.objects.using("default").create(balance=1)
+    Account.objects.using("pg").create(pk=account.pk, balance=7)
+    read = Account.objects.using("default").get(pk=account.pk)
+    read.save(using="pg")
+    assert Account.objects.using("pg").get(pk=account.pk).balance == 1
+    read.balance = 2
+    read.save(using="pg")  # its read on "pg" is unknown after a plain copy: blind again
+    assert Account.objects.using("pg").get(pk=account.pk).balance == 2
+
+
+def test_bulk_created_objects_know_their_read(db_alias: str) -> None:
+    """Objects from ``bulk_create()`` were read as inserted: a plain save after a holder wrote the row is refused."""
+    (created,) = Account.objects.bulk_create([Account(balance=1, note="original")])
+    _a_holder_writes(created.pk)
+    created.balance = 2
+    with pytest.raises(distlock.StaleFenceToken):
+        created.save()
+
+
+def test_a_read_in_a_rolled_back_transaction_after_the_holders_claim_is_not_kept(db_alias: str) -> None:
+    """Read (``get()``) inside the transaction of the holder's own claim, which rolls back: the row carries its
+    earlier token again, so the read is unknown and the save in the lock lands."""
+    account = Account.objects.create(balance=1)
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as lock:
+
+        def claim_then_read() -> Account:
+            Account.objects.filter(pk=account.pk).fenced().get()
+            read: Account = Account.objects.get(pk=account.pk)
+            return read
+
+        read = cast(Account, _rolled_back(db_alias, claim_then_read))
+        read.balance = 2
+        read.save()
+        assert Account.objects.values_list("balance", "fence_token").get(pk=account.pk) == (2, lock.token)
+
+
 def test_a_refresh_of_some_fields_keeps_the_earlier_read(db_alias: str) -> None:
     """``refresh_from_db(from_queryset=....only(...))`` copies the loaded fields only: the others were read with the
     earlier token, so a save after a holder wrote the row is refused."""
     account = Account.objects.create(balance=1, note="original")
     early = Account.objects.get(pk=account.pk)
-    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
-        holder = Account.objects.filter(pk=account.pk).fenced().get()
-        holder.note = "the holder's"
-        holder.save()
+    _a_holder_writes(account.pk)
     early.refresh_from_db(from_queryset=Account.objects.only("balance"))
     early.balance += 1
     with pytest.raises(distlock.StaleFenceToken):
