@@ -96,7 +96,7 @@ import distlock
 from distlock import Fence, KeyTemplate, LockNotOwned, StaleFenceToken, UnfencedWrite
 
 from ._conf import conf, lock_name
-from ._reads import note_loaded, note_read, note_write, read_filter, read_of
+from ._reads import UNMATCHED, note_read, note_write, read_filter, read_of
 
 __all__ = ["FencedManager", "FencedModel", "FencedQuerySet", "fence_of"]
 
@@ -259,7 +259,7 @@ def _stale(
         f"{action} of {model.__name__} pk={pk}",
         token,
         current,
-        read=read,
+        read=None if read == UNMATCHED else read,
         family=_template(model).template,
     )
     return StaleFenceToken(message, token=token, row=pk, current=current)
@@ -373,7 +373,7 @@ class FencedQuerySet(models.QuerySet[_M]):
         if isinstance(row, FencedModel):
             token = read_of(row, self.db)
             if token is not None:
-                note_write(row, token, self.db, before_unknown=True)
+                note_write(row, token, self.db, claim=True)
         return row
 
     def _fences(self, rows: Iterable[models.Model], fence: Fence | distlock.Lock | None) -> dict[int, list[Any]]:
@@ -650,7 +650,7 @@ class FencedQuerySet(models.QuerySet[_M]):
         if not conflicts:  # each row is as inserted: its token is the object's read
             for obj in created:
                 if isinstance(obj, FencedModel):
-                    note_write(obj, obj.fence_token, self.db, before_unknown=True)
+                    note_write(obj, obj.fence_token, self.db, insert=True)
         return created
 
     def bulk_update(self, objs: Iterable[_M], fields: Iterable[str], batch_size: int | None = None) -> int:
@@ -701,7 +701,7 @@ class FencedModel(models.Model):
     def from_db(cls, db: str | None, field_names: Collection[str], values: Collection[Any], **kwargs: Any) -> Self:
         """Django's ``from_db()``; notes the token the row was read with (``distlock_django._reads``)."""
         instance = super().from_db(db, field_names, values, **kwargs)
-        note_loaded(instance, instance.fence_token if "fence_token" in field_names else None, instance._state.db)
+        note_read(instance, instance.fence_token if "fence_token" in field_names else None)
         return instance
 
     def refresh_from_db(self, using: str | None = None, fields: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -714,7 +714,7 @@ class FencedModel(models.Model):
         partial = from_queryset is not None and bool(from_queryset.query.deferred_loading[0])
         if (fields is None and not partial) or (fields is not None and loaded <= set(fields)):
             token = None if "fence_token" in self.get_deferred_fields() else self.fence_token
-            note_loaded(self, token, self._state.db)
+            note_read(self, token)
 
     def save(self, *args: Any, fence: Fence | distlock.Lock | None = None, **kwargs: Any) -> None:
         """Django's ``save()``, with an update of an existing row fenced in its own UPDATE statement
@@ -729,7 +729,7 @@ class FencedModel(models.Model):
                 if found is not None:
                     _raw_update(_guard(type(self), using).filter(pk=self.pk), fence_token=found.token)
                     self.fence_token = found.token
-                note_write(self, self.fence_token, using, before_unknown=True)
+                note_write(self, self.fence_token, using, insert=True)
             return
         # A pk is set: the row may exist (an instance built from a pk updates it), so only a forced insert is an
         # insert here.
@@ -772,7 +772,7 @@ class FencedModel(models.Model):
         if write is _PLAIN or base_qs.model is not owner:  # not from save() (raw fixtures), or a child's table
             return _django_do_update(self, base_qs, using, pk_val, values, update_fields, forced_update, *returning)
         values = [value for value in values if value[0].attname != "fence_token"]
-        read = read_of(self, using)
+        read = read_of(self, using, write.token if isinstance(write, Fence) else None)
         if not isinstance(write, Fence):
             # Plain: Django's UPDATE, on the row only while it carries the token this instance's data was read with.
             if read is not None and not values:
@@ -820,7 +820,7 @@ class FencedModel(models.Model):
         """A fenced UPDATE matched no row (the accepted path never comes here): the row is gone, was claimed by
         a newer holder, or is stored under another lock name — a move, which needs that lock too."""
         model = type(self)
-        read = read_of(self, using)
+        read = read_of(self, using, write.token)
         with transaction.atomic(using=using):
             stored = model._base_manager.using(using).select_for_update().filter(pk=pk_val).first()
             if stored is None:
@@ -890,7 +890,7 @@ def _claim_before_delete(sender: type[models.Model], instance: models.Model, usi
     # The token read is checked for the instance delete() was called on. The others were read by Django's collector
     # in the deletion's transaction, a moment ago; one of them may be the same row as another (a multi-table child and
     # its parent share the row holding ``fence_token``), which the first claim has just moved on to ``:t``.
-    read = read_of(instance, using) if direct else None
+    read = read_of(instance, using, found.token if isinstance(found, Fence) else None) if direct else None
     if isinstance(found, Fence):
         rows = guard.filter(pk=pk, **read_filter(read, found.token))
         if _raw_update(rows, fence_token=found.token) != 1:

@@ -7,21 +7,27 @@ builds the statements). This module keeps that token:
 - on ``instance._state`` (Django's ModelState: copied with the instance, pickled with it), never in the
   ``fence_token`` attribute, which code may overwrite; ``None``: unknown (built from a pk, loaded without its token,
   or saved to another database than it was read from), and the write is blind (the lock's ``<= :t`` alone);
-- from ``from_db()``, a full ``refresh_from_db()``, and the instance's own saves and claims, which move the row to
-  their token.
+- from ``from_db()``, a full ``refresh_from_db()``, ``bulk_create()``, and the instance's own saves and claims,
+  which move the row to their token.
 
-A write or claim made inside a transaction moves the row only while that transaction lives: rolled back (the whole
-transaction, or the savepoint the write was made in), the row carries again what it carried before. Django tells
-nobody of a rollback, but it drops the ``on_commit()`` callbacks registered inside what it rolls back. So each
-transaction level (a transaction, or one of its savepoints) gets one marker, a callback put *first* in Django's
-list (it runs before any of the application's, which may save, and which may raise and stop the rest); a write
-made in it is read as its token while the marker is registered or has run, and as what came before once Django has
-dropped it (unknown after a claim: the token before the claim was never read). Accepting both instead would let a
-retry overwrite what another instance wrote with the same token after the rollback.
+A save or claim made inside a transaction moves the row only while that transaction lives: rolled back (the whole
+transaction, or the savepoint it was made in), the row carries again what it carried before. Django tells nobody
+of a rollback, and a callback of distlock's in its ``on_commit()`` list would show in the application's tests
+(``captureOnCommitCallbacks``). What it does show: it makes a new list of those callbacks whenever a transaction ends
+or a savepoint is rolled back, and keeps the same list (appending) otherwise. So such a write is noted as pending,
+with the list it was made under: while that list is still the connection's, nothing was rolled back since, and the
+row carries the write's token. Once the list changed, the row's token is read (once; only then) and decides:
+the write's token still there, it stands (committed, or still in an open transaction); another, it was rolled back,
+and the instance's read is what came before. What came before a claim is unknown (the claim never read it): after
+its rollback the instance writes blind inside the same lock, and is refused anywhere else.
 
-What cannot be followed: manual transactions (``transaction.set_autocommit(False)``): a write counts at once; after
-your own ``rollback()``, ``refresh_from_db()`` what you wrote. A pickled instance keeps what its read was when
-pickled.
+What cannot be told apart: within one lock's tenure, a rolled-back write of this instance and another instance's
+write with the same token after it: both leave the row at that token, and the instance's save lands (the holder's
+instances of a row are not fenced from each other, as in plain Django the last save wins). Not followed: manual
+transactions (``transaction.set_autocommit(False)``), where a write counts at once; an instance read inside a
+transaction that saw this holder's own uncommitted claim, kept after that transaction rolls back (its read is a
+token the row no longer carries: its save is refused; ``refresh_from_db()`` it); a pickled instance keeps the read
+it had when pickled.
 """
 
 from __future__ import annotations
@@ -31,88 +37,85 @@ from typing import Any, cast
 from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-import distlock
+__all__ = ["UNMATCHED", "note_read", "note_write", "read_filter", "read_of"]
 
-__all__ = ["note_loaded", "note_read", "note_write", "read_filter", "read_of"]
-
-_ATTR = "distlock_read"  # on instance._state: an int, None, or a _Pending
-_MARKERS = "_distlock_markers"  # on a connection: {savepoint ids: _Level}
-
-
-class _Level:
-    """One transaction level of a connection: committed once Django runs its marker, rolled back once Django drops
-    the marker without running it."""
-
-    __slots__ = ("committed", "connection")
-
-    def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        self.connection, self.committed = connection, False
-
-    def commit(self) -> None:
-        self.committed = True
-
-    def open(self) -> bool:
-        return any(entry[1] == self.commit for entry in self.connection.run_on_commit)
-
-
-def _level(connection: BaseDatabaseWrapper) -> _Level:
-    """The marker of the connection's current transaction level (made and registered on first use)."""
-    levels: dict[tuple[str, ...], _Level] = connection.__dict__.setdefault(_MARKERS, {})
-    key = tuple(connection.savepoint_ids)
-    level = levels.get(key)
-    if level is None or not level.open():
-        for stale in [k for k, v in levels.items() if not v.open()]:
-            del levels[stale]
-        level = levels[key] = _Level(connection)
-        # Django's own entry format (savepoints it was made in, callback, robust), put first: see the docstring.
-        cast(Any, connection.run_on_commit).insert(0, (set(connection.savepoint_ids), level.commit, True))
-    return level
+_ATTR = "distlock_read"  # on instance._state: an int, None, a _Pending or a _Claimed
+#: The read a write must not land with: it matches no row (the statement then explains the refusal).
+UNMATCHED = -1
 
 
 class _Pending:
-    """``token``, written or claimed at transaction level ``level``; ``before`` (an int, None or another
-    ``_Pending``) if that level is rolled back."""
+    """``token``, written or claimed in a transaction of ``connection`` while its list of on-commit callbacks was
+    ``seen``; ``before`` (an int, None, a ``_Claimed`` or another ``_Pending``) if it was rolled back."""
 
-    __slots__ = ("before", "level", "token")
+    __slots__ = ("before", "connection", "seen", "token")
 
-    def __init__(self, token: int, level: _Level, before: Any) -> None:
-        self.token, self.level, self.before = token, level, before
+    def __init__(self, token: int, connection: BaseDatabaseWrapper, before: Any) -> None:
+        self.token, self.connection, self.before = token, connection, before
+        self.seen = connection.run_on_commit
 
     def __reduce__(self) -> tuple[Any, ...]:
-        read = _settled(self)  # a pickled copy outlives the connection: it keeps what the read is now
-        return (_same, (read.token if isinstance(read, _Pending) else read,))
+        return (_same, (self.token,))  # a pickled copy outlives the connection: it keeps the read it has now
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Pending:
         return self  # a copy in this process follows the same transaction
+
+
+class _Claimed:
+    """Before a claim that was rolled back: the row carries a token this instance never read, no larger than the
+    claim's ``token``. Inside that same lock the holder may write it blind; anywhere else its write is refused."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Claimed, (self.token,))
 
 
 def _same(read: int | None) -> int | None:
     return read
 
 
-def _settled(read: Any) -> Any:
-    """``read`` with what has ended taken out: a committed write is its token, a rolled-back one what came before;
-    an open one stays (it may yet be rolled back)."""
+def _settled(read: Any, row_token: Any) -> Any:
+    """``read`` with what has ended taken out: a write that stands is its token (or stays pending while a
+    transaction is open), a rolled-back one what came before. ``row_token()`` reads the row's token."""
     while isinstance(read, _Pending):
-        if read.level.committed:
-            return read.token
-        if read.level.open():
+        connection = read.connection
+        if connection.run_on_commit is read.seen and connection.in_atomic_block:
+            return read  # nothing rolled back or ended since the write
+        if row_token() == read.token:
+            if not connection.in_atomic_block:
+                return read.token
+            read.seen = connection.run_on_commit  # a sibling savepoint's rollback, or another transaction's end
             return read
         read = read.before
     return read
 
 
-def read_of(instance: models.Model, using: str) -> int | None:
-    """The token ``instance``'s row carries for its data to be current, written to database ``using``; None: unknown
-    (or the instance was read from another database: a copy there is a blind write)."""
+def read_of(instance: models.Model, using: str, token: int | None = None) -> int | None:
+    """The token ``instance``'s row must carry for a write to database ``using`` with ``token`` (None: plain) to
+    land; None: unknown, a blind write (also for a copy of an instance read from another database); ``UNMATCHED``:
+    no write but the claiming lock's may land blind."""
     if instance._state.db != using:
         return None
     read = getattr(instance._state, _ATTR, None)
     if isinstance(read, _Pending):
-        read = _settled(read)
+        found: list[int | None] = []
+
+        def row_token() -> int | None:
+            if not found:
+                rows = type(instance)._base_manager.using(using).filter(pk=instance.pk)
+                found.append(rows.values_list("fence_token", flat=True).first())
+            return found[0]
+
+        read = _settled(read, row_token)
         setattr(instance._state, _ATTR, read)
         if isinstance(read, _Pending):
             return read.token
+    if isinstance(read, _Claimed):
+        return None if token == read.token else UNMATCHED
     return cast("int | None", read)
 
 
@@ -120,27 +123,16 @@ def note_read(instance: models.Model, token: int | None) -> None:
     setattr(instance._state, _ATTR, token)
 
 
-def note_loaded(instance: models.Model, token: int | None, using: str | None) -> None:
-    """``instance`` was loaded with ``token``. Read inside a transaction with the token of the innermost lock held
-    here, the row may carry it only until this transaction is rolled back (this holder's own claim or write, not
-    committed yet): followed as that claim would be."""
-    if token is not None and using is not None and connections[using].in_atomic_block:
-        fence = distlock.current_fence()
-        if fence is not None and fence.token == token:
-            note_write(instance, token, using, before_unknown=True)
-            return
-    note_read(instance, token)
-
-
-def note_write(instance: models.Model, token: int, using: str, *, before_unknown: bool = False) -> None:
-    """``instance``'s row now carries ``token`` (this instance wrote or claimed it): its read from now on, or, in a
-    transaction, until that transaction is rolled back (then what was read before; unknown after a claim)."""
+def note_write(instance: models.Model, token: int, using: str, *, claim: bool = False, insert: bool = False) -> None:
+    """``instance``'s row now carries ``token`` (this instance wrote, inserted or claimed it): its read from now on,
+    or, in a transaction, until that transaction is rolled back (then what was read before; for an insert, nothing:
+    a blind write; for a claim, :class:`_Claimed`)."""
     connection = connections[using]
-    if not connection.in_atomic_block:  # autocommit (or manual transactions, which no callback can follow)
+    if not connection.in_atomic_block:  # autocommit (or manual transactions, which cannot be followed)
         note_read(instance, token)
         return
-    before = None if before_unknown else getattr(instance._state, _ATTR, None)
-    setattr(instance._state, _ATTR, _Pending(token, _level(connection), before))
+    before = _Claimed(token) if claim else None if insert else getattr(instance._state, _ATTR, None)
+    setattr(instance._state, _ATTR, _Pending(token, connection, before))
 
 
 def read_filter(read: int | None, token: int | None = None) -> dict[str, Any]:
@@ -149,4 +141,4 @@ def read_filter(read: int | None, token: int | None = None) -> dict[str, Any]:
     lookup, not two: building each costs a save about as much as running it adds."""
     if read is None:
         return {} if token is None else {"fence_token__lte": token}
-    return {"fence_token": read if token is None or read <= token else -1}
+    return {"fence_token": read if token is None or read <= token else UNMATCHED}

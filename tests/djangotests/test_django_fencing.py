@@ -230,26 +230,24 @@ def test_a_claim_rolled_back_with_its_transaction_leaves_the_save_in_the_lock_fr
 
 
 def test_a_rolled_back_save_does_not_make_its_token_acceptable(db_alias: str) -> None:
-    """An instance read outside the lock saves inside it, in a transaction that rolls back; then another instance
-    claims and writes the row with the same lock's token. The first instance's save is refused: its data predates
-    that write (its own write, with that token, never happened)."""
+    """An instance read outside the lock saves inside it, in a transaction that rolls back; then a newer holder
+    claims and writes the row. The first instance's save is refused: its data predates that write (its own write
+    never happened)."""
     account = Account.objects.create(balance=1, note="original")
     early = Account.objects.get(pk=account.pk)
     with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
         early.balance = 5
         _rolled_back(db_alias, early.save)
-        other = Account.objects.filter(pk=account.pk).fenced().get()
-        other.note = "written in the lock"
-        other.save()
-        early.balance = 6
-        with pytest.raises(distlock.StaleFenceToken):
-            early.save()
-    assert Account.objects.values_list("balance", "note").get(pk=account.pk) == (1, "written in the lock")
+    _a_holder_writes(account.pk)
+    early.balance = 6
+    with pytest.raises(distlock.StaleFenceToken):
+        early.save()
+    assert Account.objects.values_list("balance", "note").get(pk=account.pk) == (1, "the holder's")
 
 
 def test_nested_transactions_rolled_back_leave_the_read_before_them(db_alias: str) -> None:
     """A save in an outer transaction, another in a savepoint rolled back, a third; the outer rolled back too: the
-    instance's read is again the one it had before, so after a lock holder writes the row its save is refused."""
+    instance's read is again the one it had before, so after a newer holder writes the row its save is refused."""
     account = Account.objects.create(balance=1, note="original")
     early = Account.objects.get(pk=account.pk)
 
@@ -262,9 +260,7 @@ def test_nested_transactions_rolled_back_leave_the_read_before_them(db_alias: st
 
     with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
         _rolled_back(db_alias, saves)
-        holder = Account.objects.filter(pk=account.pk).fenced().get()
-        holder.note = "the holder's"
-        holder.save()
+    _a_holder_writes(account.pk)
     early.balance = 4
     with pytest.raises(distlock.StaleFenceToken):
         early.save()
@@ -372,21 +368,51 @@ def test_bulk_created_objects_know_their_read(db_alias: str) -> None:
         created.save()
 
 
-def test_a_read_in_a_rolled_back_transaction_after_the_holders_claim_is_not_kept(db_alias: str) -> None:
-    """Read (``get()``) inside the transaction of the holder's own claim, which rolls back: the row carries its
-    earlier token again, so the read is unknown and the save in the lock lands."""
+def test_a_read_in_a_transaction_that_failed_is_kept(db_alias: str) -> None:
+    """Read, inside the lock, in a transaction that then fails (it only read): the data a holder had committed, with
+    this lock's token. The read stands: after a newer holder writes the row, the save outside any lock is refused."""
     account = Account.objects.create(balance=1)
-    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10) as lock:
-
-        def claim_then_read() -> Account:
-            Account.objects.filter(pk=account.pk).fenced().get()
-            read: Account = Account.objects.get(pk=account.pk)
-            return read
-
-        read = cast(Account, _rolled_back(db_alias, claim_then_read))
-        read.balance = 2
+    with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+        written = Account.objects.filter(pk=account.pk).fenced().get()
+        written.note = "the first holder's"
+        written.save()
+        read = cast(Account, _rolled_back(db_alias, lambda: Account.objects.get(pk=account.pk)))
+    _a_holder_writes(account.pk)
+    read.note = "stale"
+    with pytest.raises(distlock.StaleFenceToken):
         read.save()
-        assert Account.objects.values_list("balance", "fence_token").get(pk=account.pk) == (2, lock.token)
+    assert Account.objects.get(pk=account.pk).note == "the holder's"
+
+
+def test_a_rolled_back_claim_writes_blind_in_its_lock_only(db_alias: str) -> None:
+    """A claim rolled back: what the row carries was never read. Outside the lock (and in a later one) the save is
+    refused; inside the same lock it lands."""
+    account = Account.objects.create(balance=1)
+    name = lock_name(f"account:{account.pk}")
+    with get_client().lock(name, ttl=10) as lock:
+        claimed = cast(Account, _rolled_back(db_alias, lambda: Account.objects.filter(pk=account.pk).fenced().get()))
+    claimed.balance = 2
+    with pytest.raises(distlock.StaleFenceToken):
+        claimed.save()
+    with get_client().lock(name, ttl=10), pytest.raises(distlock.StaleFenceToken):
+        claimed.save()
+    with get_client().lock(name, ttl=10) as lock:
+        claimed = cast(Account, _rolled_back(db_alias, lambda: Account.objects.filter(pk=account.pk).fenced().get()))
+        claimed.save()
+        assert Account.objects.values_list("balance", "fence_token").get(pk=account.pk) == (1, lock.token)
+
+
+def test_fenced_writes_add_no_on_commit_callback(db_alias: str, django_capture_on_commit_callbacks: Any) -> None:
+    """Django's documented test of on-commit callbacks counts exactly the application's: fenced creates, claims and
+    saves in a transaction add none of distlock's."""
+    with transaction.atomic(using=db_alias), django_capture_on_commit_callbacks(using=db_alias) as callbacks:
+        account = Account.objects.create(balance=1)
+        with get_client().lock(lock_name(f"account:{account.pk}"), ttl=10):
+            claimed = Account.objects.filter(pk=account.pk).fenced().get()
+            claimed.balance = 2
+            claimed.save()
+        transaction.on_commit(lambda: None, using=db_alias)
+    assert len(callbacks) == 1
 
 
 def test_a_refresh_of_some_fields_keeps_the_earlier_read(db_alias: str) -> None:
