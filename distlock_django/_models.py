@@ -281,6 +281,12 @@ def _raw_update(queryset: models.QuerySet[Any], **values: Any) -> int:
     return models.QuerySet.update(queryset, **values)
 
 
+def _still_read(guard: models.QuerySet[Any], pk: Any, read: int) -> bool:
+    """Whether row ``pk`` still carries ``read``, asked in a statement that locks it (an UPDATE that changes
+    nothing) until the caller's transaction ends: no claim lands between this check and the write that follows."""
+    return _raw_update(guard.filter(pk=pk, fence_token=read), fence_token=models.F("fence_token")) == 1
+
+
 def _name_fields(model: type[models.Model]) -> list[models.Field[Any, Any]] | None:
     """The concrete non-pk fields of the fence-holding table that the lock template reads, e.g. ``book`` for
     ``"book:{book}"``; an UPDATE carrying ``field = <value the name was rendered from>`` lands only on a row
@@ -354,6 +360,7 @@ class FencedQuerySet(models.QuerySet[_M]):
                 self._result_cache = rows
             super()._fetch_all()
             self._result_cache = [self._claimed(row) for row in self._result_cache or ()]
+            return
         super()._fetch_all()
 
     def iterator(self, chunk_size: int | None = None) -> Iterator[Any]:
@@ -775,13 +782,11 @@ class FencedModel(models.Model):
         read = read_of(self, using, write.token if isinstance(write, Fence) else None)
         if not isinstance(write, Fence):
             # Plain: Django's UPDATE, on the row only while it carries the token this instance's data was read with.
-            if read is not None and not values:
-                # Nothing of this table to write (a multi-table child's own fields, ``update_fields`` of another
-                # table): the row is still checked, in a statement that locks it until the save's transaction ends
-                # (the child's table is written in it), so no claim lands between the check and that write.
-                row = base_qs.filter(pk=pk_val, fence_token=read)
-                if not _raw_update(row, fence_token=models.F("fence_token")):
-                    return self._refused_plain(base_qs, using, pk_val, read, returning)
+            # Nothing of this table to write (a multi-table child's own fields, ``update_fields`` of another table):
+            # the row is still checked, and locked until the save's transaction ends (the child's table is written
+            # in it), so no claim lands between the check and that write.
+            if read is not None and not values and not _still_read(base_qs, pk_val, read):
+                return self._refused_plain(base_qs, using, pk_val, read, returning)
             current = base_qs.filter(**read_filter(read))
             updated = _django_do_update(self, current, using, pk_val, values, update_fields, forced_update, *returning)
             if updated and self._state.db != using:
@@ -796,7 +801,7 @@ class FencedModel(models.Model):
             self.fence_token = write.token
             note_write(self, write.token, using)
             return updated if returning else True
-        return self._refused(base_qs, using, pk_val, values, write, returning)
+        return self._refused(base_qs, using, pk_val, values, write, read, returning)
 
     def _refused_plain(
         self, base_qs: models.QuerySet[Any], using: str, pk_val: Any, read: int | None, returning: Any
@@ -815,12 +820,12 @@ class FencedModel(models.Model):
         pk_val: Any,
         values: list[tuple[Any, Any, Any]],
         write: Fence,
+        read: int | None,
         returning: tuple[Any, ...],
     ) -> Any:
         """A fenced UPDATE matched no row (the accepted path never comes here): the row is gone, was claimed by
         a newer holder, or is stored under another lock name — a move, which needs that lock too."""
         model = type(self)
-        read = read_of(self, using, write.token)
         with transaction.atomic(using=using):
             stored = model._base_manager.using(using).select_for_update().filter(pk=pk_val).first()
             if stored is None:
@@ -895,12 +900,10 @@ def _claim_before_delete(sender: type[models.Model], instance: models.Model, usi
         rows = guard.filter(pk=pk, **read_filter(read, found.token))
         if _raw_update(rows, fence_token=found.token) != 1:
             raise _stale(sender, instance.pk, found.token, using, "fenced delete", read)
-    elif direct and read is not None:
-        # Plain: the row is deleted only while it carries a token the instance was read with (the statement takes
-        # the row's lock in the deletion's transaction, so no claim lands between it and the DELETE).
-        unchanged = _raw_update(guard.filter(pk=pk, fence_token=read), fence_token=models.F("fence_token"))
-        if unchanged != 1 and guard.filter(pk=pk).exists():
-            raise _stale(sender, instance.pk, None, using, "delete", read)
+    # Plain: the row is deleted only while it carries the token the instance was read with (checked and locked in
+    # the deletion's transaction, so no claim lands between the check and the DELETE).
+    elif direct and read is not None and not _still_read(guard, pk, read) and guard.filter(pk=pk).exists():
+        raise _stale(sender, instance.pk, None, using, "delete", read)
 
 
 _FENCED_QUERYSETS: dict[type[models.QuerySet[Any]], type[FencedQuerySet[Any]]] = {}
