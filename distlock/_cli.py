@@ -101,7 +101,7 @@ def _sql_tables(url: str, args: argparse.Namespace, options: dict[str, Any]) -> 
         with connect(url, **options):  # connecting creates what is missing
             pass
     from ._client import sql_url
-    from .backends._sqltable import table_ddl
+    from .backends.sqltable._backend import table_ddl
 
     parsed, prefix = sql_url(url)
     print("\n\n".join(f"{statement};" for statement in table_ddl(parsed, prefix)))

@@ -318,7 +318,7 @@ def _timeouts(options: dict[str, Any]) -> dict[str, float]:
 
 
 def _etcd_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
-    from .backends._etcd import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
+    from .backends.etcd._backend import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
 
     netloc, username, password = _split_userinfo(parts.netloc)
     if not netloc:
@@ -351,7 +351,7 @@ def _etcd_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any])
 
 def _redis_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
     # Imports redis-py: only when a Redis URL is used.
-    from .backends._redis import RedisBackend, RedisCluster, RedisServer
+    from .backends.redis._backend import RedisBackend, RedisCluster, RedisServer
 
     cluster, tls = scheme.cluster, scheme.tls
     netloc, username, password = _split_userinfo(parts.netloc)
@@ -405,7 +405,7 @@ def _redis_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]
 
 
 def _zookeeper_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
-    from .backends._zookeeper import ZooKeeperBackend  # imports kazoo: only when a zk URL is used
+    from .backends.zookeeper._backend import ZooKeeperBackend  # imports kazoo: only when a zk URL is used
 
     netloc, username, _ = _split_userinfo(parts.netloc)
     if not netloc:
@@ -456,7 +456,7 @@ def sql_url(url: str, prefix_option: object = None) -> tuple[Any, str]:
 
 
 def _sqltable_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
-    from .backends._sqltable import SqlTableBackend  # imports SQLAlchemy: only when a SQL URL is used
+    from .backends.sqltable._backend import SqlTableBackend  # imports SQLAlchemy: only when a SQL URL is used
 
     _check_options(options, {"prefix", "connect_timeout", "request_timeout"})
     parsed, prefix = sql_url(url, options.get("prefix"))

@@ -185,11 +185,16 @@ def _failed(error: Exception) -> None:
 
 @functools.cache
 def backend_label(module: str) -> str:
-    """The ``distlock.backend`` value of a backend defined in ``module``: ``distlock.backends._etcd`` -> ``etcd``.
+    """The ``distlock.backend`` value of a backend defined in ``module``: ``distlock.backends.etcd._backend`` ->
+    ``etcd``, ``distlock.testing._memory`` -> ``memory``.
 
-    Each backend lives in its own module named after it (``distlock.backends.SCHEMES`` lists them).
+    Each backend lives in a package of ``distlock.backends`` named after it (``distlock.backends.SCHEMES`` lists
+    them), or, outside it, in a module named after it.
     """
-    return module.rpartition(".")[2].lstrip("_")
+    parts = module.split(".")
+    if "backends" in parts[:-1]:
+        return parts[parts.index("backends") + 1].lstrip("_")
+    return parts[-1].lstrip("_")
 
 
 def lock_attributes(backend_module: str, family: str | None) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 from _support import wait_until
 
 import distlock
-from distlock.backends._etcd import EtcdBackend
+from distlock.backends.etcd._backend import EtcdBackend
 from distlock.testing import EtcdCluster, EtcdServer
 
 pytestmark = pytest.mark.cluster

@@ -12,7 +12,7 @@ from etcd3 import etcdrpc
 
 import distlock
 from distlock._protocol import Ticket
-from distlock.backends._etcd import EtcdBackend
+from distlock.backends.etcd._backend import EtcdBackend
 from distlock.testing import EtcdServer
 
 LONG_QUEUE = 20_000  # keys under one lock: a read takes ~25 ms, long enough to be cut short mid-read

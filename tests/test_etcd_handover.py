@@ -12,7 +12,7 @@ from _support import wait_until
 
 import distlock
 from distlock._protocol import Interrupt
-from distlock.backends._etcd import EtcdBackend
+from distlock.backends.etcd._backend import EtcdBackend
 from distlock.testing import EtcdServer
 
 

@@ -43,7 +43,7 @@ def remove_keys(url: str, prefix: str) -> int:
 def _remove_etcd(backend: Any) -> int:
     from etcd3 import etcdrpc
 
-    from distlock.backends._etcd import _prefix_end
+    from distlock.backends.etcd._backend import _prefix_end
 
     keys = etcdrpc.DeleteRangeRequest(key=backend._prefix, range_end=_prefix_end(backend._prefix))
     # A transaction: EtcdBackend sends Txn and Range to the KV service, and a Txn answers the same deletion.

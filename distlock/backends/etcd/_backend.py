@@ -53,12 +53,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .. import _clock
-from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
-from .._names import escape_name, unescape_name
-from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
-from .._retry import Attempt, ErrorTable, retrying
-from .._shape import MUTEX, READ, WRITE, family, kind_of, limit_of, lock_state, mismatch, waiting
+from ... import _clock
+from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
+from ..._names import escape_name, unescape_name
+from ..._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from ..._retry import Attempt, ErrorTable, retrying
+from ..._shape import MUTEX, READ, WRITE, family, kind_of, limit_of, lock_state, mismatch, waiting
 
 try:
     import grpc

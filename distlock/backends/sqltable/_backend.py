@@ -79,8 +79,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .. import _clock
-from .._errors import (
+from ... import _clock
+from ..._errors import (
     AuthenticationFailed,
     BackendError,
     BackendUnavailable,
@@ -88,9 +88,9 @@ from .._errors import (
     ConfigurationError,
     DistlockError,
 )
-from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
-from .._retry import Attempt, ErrorTable, retrying
-from .._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
+from ..._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from ..._retry import Attempt, ErrorTable, retrying
+from ..._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
 
 try:
     import sqlalchemy as sa

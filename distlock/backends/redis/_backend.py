@@ -88,10 +88,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _clock
-from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
-from .._names import escape_name, unescape_name
-from .._protocol import (
+from ... import _clock
+from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
+from ..._names import escape_name, unescape_name
+from ..._protocol import (
     Holder,
     Interrupt,
     Lease,
@@ -103,8 +103,8 @@ from .._protocol import (
     owner_id,
     owner_record,
 )
-from .._retry import Attempt, ErrorTable, retrying
-from .._shape import MUTEX, kind_of, lock_state, mismatch
+from ..._retry import Attempt, ErrorTable, retrying
+from ..._shape import MUTEX, kind_of, lock_state, mismatch
 
 try:
     import redis

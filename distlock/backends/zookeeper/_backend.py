@@ -62,12 +62,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .. import _clock
-from .._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
-from .._names import escape_name, unescape_name
-from .._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
-from .._retry import Attempt, ErrorTable, retrying
-from .._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
+from ... import _clock
+from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
+from ..._names import escape_name, unescape_name
+from ..._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from ..._retry import Attempt, ErrorTable, retrying
+from ..._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
 
 try:
     from kazoo import exceptions as kz
