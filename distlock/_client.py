@@ -37,16 +37,18 @@ import logging
 import os
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Self, Unpack
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ._context import Context
 from ._election import AsyncElection, Election
-from ._errors import ClientClosed, ConfigurationError
+from ._errors import ConfigurationError
 from ._lock import AsyncLock, Lock, LockOptions
 from ._multi import AsyncMultiLock, MultiLock
-from ._protocol import Backend, Holder, Inspectable, LockState
+from ._names import validate_name
+from ._protocol import KINDS, Backend, Holder, Inspectable, LockState
 from ._rwlock import AsyncRWLock, RWLock
 from ._seconds import seconds
 from ._session import Keeper
@@ -69,24 +71,22 @@ class Client:
     """A connection to a lock service. Thread-safe; one per process is plenty. Make locks with :meth:`lock`."""
 
     def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-        self._keeper = Keeper(backend)
-        self._closed = False
+        self._context = Context(backend)
         _clients.add(self)
 
     @property
     def description(self) -> str:
         """Where this client points, e.g. ``"etcd at 127.0.0.1:2379"``."""
-        return self._backend.description
+        return self._context.description
 
     def __repr__(self) -> str:
-        return f"<distlock.Client {self.description}{' closed' if self._closed else ''}>"
+        return f"<distlock.Client {self.description}{' closed' if self.closed else ''}>"
 
     def lock(self, name: str, **options: Unpack[LockOptions]) -> Lock:
         """A handle on lock ``name``: ``ttl`` is the lease length, ``timeout`` the default wait (see
         :class:`LockOptions` for every option and its default, :class:`Lock` for the handle)."""
-        self._check_open()
-        return Lock(self, name, **options)
+        self._context.check_open()
+        return Lock(self._context, name, **options)
 
     def async_lock(self, name: str, **options: Unpack[LockOptions]) -> AsyncLock:
         """The asyncio twin of :meth:`lock`."""
@@ -97,9 +97,10 @@ class Client:
         own fencing token. The handle is a :class:`Lock` (same options, ``with``, ``token``, ``lost``...); a name is
         used with one limit at a time (``LockKindMismatch`` otherwise). Raises ``ConfigurationError`` for a
         ``limit`` that is not an int from 1 to 10,000."""
-        lock = self.lock(name, **options)
-        lock._kind = semaphore_kind(limit)
-        return lock
+        self._context.check_open()
+        kind = semaphore_kind(limit)
+        self._context.require(KINDS, f"semaphore {name!r}")
+        return Lock(self._context, name, kind=kind, **options)
 
     def async_semaphore(self, name: str, limit: int, **options: Unpack[LockOptions]) -> AsyncLock:
         """The asyncio twin of :meth:`semaphore`."""
@@ -108,8 +109,9 @@ class Client:
     def rwlock(self, name: str, **options: Unpack[LockOptions]) -> RWLock:
         """A read/write lock on ``name``: ``.read()`` and ``.write()`` make lock handles with these options (many
         readers or one writer, FIFO between them; see :class:`RWLock`)."""
-        self._check_open()
-        return RWLock(self, name, **options)
+        self._context.check_open()
+        self._context.require(KINDS, f"read/write lock {name!r}")
+        return RWLock(self._context, name, **options)
 
     def async_rwlock(self, name: str, **options: Unpack[LockOptions]) -> AsyncRWLock:
         """The asyncio twin of :meth:`rwlock`."""
@@ -119,8 +121,8 @@ class Client:
         """Locks on every name in ``names``, taken all or none in one canonical (sorted) order, so that two
         processes asking for the same names in different orders cannot deadlock; a token per name. The options
         apply to each lock; ``timeout`` bounds the whole acquisition (see :class:`MultiLock`)."""
-        self._check_open()
-        return MultiLock(self, names, **options)
+        self._context.check_open()
+        return MultiLock(self._context, names, **options)
 
     def async_multi_lock(self, names: Iterable[str], **options: Unpack[LockOptions]) -> AsyncMultiLock:
         """The asyncio twin of :meth:`multi_lock`."""
@@ -130,8 +132,8 @@ class Client:
         """A candidate in leader election ``name``, named ``value`` (default ``"host:pid"``): ``campaign()`` to
         lead, ``resign()``, ``leader()``, ``observe()``; the term is the leader's fencing token (see
         :class:`Election`). The options are a lock's, except ``owner``."""
-        self._check_open()
-        return Election(self, name, value, **options)
+        self._context.check_open()
+        return Election(self._context, name, value, **options)
 
     def async_election(self, name: str, value: str | None = None, **options: Unpack[LockOptions]) -> AsyncElection:
         """The asyncio twin of :meth:`election`."""
@@ -139,11 +141,9 @@ class Client:
 
     def holder(self, name: str) -> Holder | None:
         """Who holds lock ``name`` now (its owner id, the token, the number of waiters), or None."""
-        self._check_open()
-        from ._names import validate_name
-
-        with self._while_open(f"read lock {name!r}"):
-            return self._backend.holder(validate_name(name))
+        self._context.check_open()
+        head = self._context.head(validate_name(name))
+        return None if head is None else head.holder
 
     def force_release(self, name: str, token: int) -> bool:
         """Remove lock ``name``'s holder if its fencing token is still ``token``; True if removed, False if the lock
@@ -154,65 +154,53 @@ class Client:
         holder's token as :meth:`holder` or :meth:`inspect` showed it. Raises ``InvalidLockName`` for a bad name
         and ``ConfigurationError`` for a token that is not a positive int.
         """
-        self._check_open()
-        from ._names import validate_name
-
+        self._context.check_open()
         validate_name(name)
         if isinstance(token, bool) or not isinstance(token, int) or token < 1:
             raise ConfigurationError(
                 f"token must be the holder's fencing token, a positive int (as holder() shows it), not {token!r}"
             )
-        with self._while_open(f"force-release lock {name!r}"):
-            released = self._backend.force_release(name, token)
+        released = self._context.release_at(name, token)
         if released:
             log.warning("distlock: lock %r force-released at token %d on %s", name, token, self.description)
         return released
 
     def inspect(self) -> list[LockState]:
         """Every lock with a holder or waiters under this client's prefix, in name order (for inspectors)."""
-        self._check_open()
-        if not isinstance(self._backend, Inspectable):
+        self._context.check_open()
+        backend = self._context.backend
+        if not isinstance(backend, Inspectable):
             raise ConfigurationError(f"{self.description} cannot list its locks (no inspect() in this backend)")
-        with self._while_open("inspect locks"):
-            return self._backend.inspect()
+        with self._context.open_for("inspect locks"):
+            return backend.inspect()
 
     def close(self) -> None:
         """Revoke this client's leases (releasing every lock it holds) and close its connection."""
-        if self._closed:
+        context = self._context
+        if context.closed:
             return
-        self._closed = True
+        context.closed = True
         try:
-            self._keeper.close()
+            context.keeper.close()
         finally:
-            self._backend.close()
+            context.backend.close()
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._context.closed
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientClosed(f"this distlock client ({self.description}) is closed")
+    # The backend and keeper, for this repository's tests and tooling (handles use their Context).
+    @property
+    def _backend(self) -> Backend:
+        return self._context.backend
 
-    @contextlib.contextmanager
-    def _while_open(self, what: str) -> Iterator[None]:
-        """Run the block; an error it raises once the client is closed is a symptom of the close: ``ClientClosed``.
-
-        ``close()`` sets the flag before it revokes anything or closes a connection, so an error caused by the
-        close always finds it set.
-        """
-        try:
-            yield
-        except ClientClosed:
-            raise
-        except Exception as e:
-            if not self._closed:
-                raise
-            raise ClientClosed(f"{what}: this distlock client ({self.description}) was closed meanwhile") from e
+    @property
+    def _keeper(self) -> Keeper:
+        return self._context.keeper
 
     def _after_fork(self) -> None:
-        self._backend.after_fork()
-        self._keeper.after_fork()
+        self._context.backend.after_fork()
+        self._context.keeper.after_fork()
 
     def __enter__(self) -> Self:
         return self

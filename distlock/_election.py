@@ -44,7 +44,7 @@ from ._lock import AsyncLock, Fence, Lock, LockOptions
 from ._seconds import seconds
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from ._context import Context
 
 __all__ = ["AsyncElection", "Election", "Leader"]
 
@@ -64,14 +64,15 @@ class Election:
     owner); ``ttl`` is how long a silent leader keeps leading, ``timeout`` how long ``campaign()`` waits by default.
     """
 
-    def __init__(self, client: Client, name: str, value: str | None = None, **options: Unpack[LockOptions]) -> None:
+    def __init__(self, context: Context, name: str, value: str | None = None, **options: Unpack[LockOptions]) -> None:
         if "owner" in options:
             raise ConfigurationError("an election's candidate is named by value=..., not owner=...")
         if value is None:
             value = f"{socket.gethostname()}:{os.getpid()}"
-        self._client = client
         candidate: LockOptions = {**options, "owner": value}
-        self._lock = Lock(client, name, **candidate)
+        self._lock = Lock(context, name, **candidate)
+        self._context = context
+        self._records = context.records(f"election {name!r}")
         self.value = value
 
     @property
@@ -130,8 +131,8 @@ class Election:
 
     def recorded(self) -> bytes | None:
         """The election's record as the last leader wrote it (asks the server), or None when none was written."""
-        with self._client._while_open(f"read the record of election {self.name!r}"):
-            return self._client._backend.read_record(self.name)
+        with self._context.open_for(f"read the record of election {self.name!r}"):
+            return self._records.read_record(self.name)
 
     def __enter__(self) -> Self:
         if not self.campaign():
@@ -149,8 +150,9 @@ class Election:
 
     def leader(self) -> Leader | None:
         """Who leads now (asks the server), or None when nobody does."""
-        holder = self._client.holder(self.name)
-        return None if holder is None else Leader(holder.owner, holder.token)
+        self._context.check_open()
+        head = self._context.head(self.name)
+        return None if head is None else Leader(head.holder.owner, head.holder.token)
 
     def observe(
         self, timeout: float | None = None, poll: float = 0.25, stop: threading.Event | None = None

@@ -2,7 +2,7 @@
 
 A handle from ``client.lock(name)`` acquires by joining the lock's FIFO queue with a ticket on the client's session
 lease for its TTL, then waits for the ticket just ahead to go. Holding means "my ticket is at the head and my lease
-is alive"; the ticket's revision is the fencing token.
+is alive"; the ticket's token is the fencing token.
 
 Races handled here, in prose:
 
@@ -87,9 +87,9 @@ from ._session import Session, Stray
 from ._shape import MUTEX
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from ._context import Context
 
-__all__ = ["AsyncLock", "Fence", "Lock", "LockOptions", "current_lock", "current_token"]
+__all__ = ["AsyncLock", "Fence", "Lock", "LockOptions", "check_options", "current_lock", "current_token"]
 
 log = logging.getLogger("distlock")
 
@@ -151,6 +151,22 @@ class LockOptions(TypedDict, total=False):
 _KNOWN_OPTIONS = ", ".join(sorted(LockOptions.__optional_keys__))
 
 
+def check_options(name: str, options: LockOptions) -> None:
+    """Check a lock's name and the options of :class:`LockOptions` that no other check covers, where they are given
+    (a handle, a read/write lock): ``TypeError`` for an unknown option, ``ConfigurationError`` for a bad value."""
+    unknown = options.keys() - LockOptions.__optional_keys__
+    if unknown:
+        raise TypeError(f"unexpected lock option(s) {', '.join(sorted(unknown))}; known: {_KNOWN_OPTIONS}")
+    validate_name(name)
+    for option, what in (("owner", "owner"), ("family", "family (the lock's metrics label)")):
+        value = options.get(option)
+        if value is not None and (not isinstance(value, str) or not value.isprintable() or not 0 < len(value) <= 256):
+            raise ConfigurationError(f"{what} must be a printable str of 1 to 256 characters, not {value!r}")
+    seconds(options.get("ttl", 30.0), "ttl (the lease length)")
+    seconds(options.get("timeout", 60.0), "timeout (how long to wait)", allow_zero=True, allow_forever=True)
+    seconds(options.get("max_hold"), "max_hold", allow_none=True)
+
+
 class Lock:
     """A handle on one distributed lock. Create with ``client.lock(name, ttl=..., timeout=...)``.
 
@@ -161,22 +177,9 @@ class Lock:
     integration stores the task id there).
     """
 
-    def __init__(self, client: Client, name: str, **options: Unpack[LockOptions]) -> None:
-        unknown = options.keys() - LockOptions.__optional_keys__
-        if unknown:
-            raise TypeError(f"unexpected lock option(s) {', '.join(sorted(unknown))}; known: {_KNOWN_OPTIONS}")
-        validate_name(name)
-        owner = options.get("owner")
-        if owner is not None and (not isinstance(owner, str) or not owner.isprintable() or not 0 < len(owner) <= 256):
-            raise ConfigurationError(f"owner must be a printable str of 1 to 256 characters, not {owner!r}")
-        family = options.get("family")
-        if family is not None and (
-            not isinstance(family, str) or not family.isprintable() or not 0 < len(family) <= 256
-        ):
-            raise ConfigurationError(
-                f"family (the lock's metrics label) must be a printable str of 1 to 256 characters, not {family!r}"
-            )
-        self._client = client
+    def __init__(self, context: Context, name: str, *, kind: str = MUTEX, **options: Unpack[LockOptions]) -> None:
+        check_options(name, options)
+        self._context = context
         self.name = name
         self.ttl = seconds(options.get("ttl", 30.0), "ttl (the lease length)")
         self.timeout = seconds(
@@ -184,9 +187,9 @@ class Lock:
         )
         self.max_hold = seconds(options.get("max_hold"), "max_hold", allow_none=True)
         self._on_lost = options.get("on_lost")
-        self.owner = owner
-        self.family = family
-        self._metric_attributes = _metrics.lock_attributes(type(client._backend).__module__, family)
+        self.owner = options.get("owner")
+        self.family = options.get("family")
+        self._metric_attributes = _metrics.lock_attributes(type(context.backend).__module__, self.family)
         self._mutex = threading.Lock()
         self._busy = False
         self._ticket: Ticket | None = None
@@ -199,15 +202,15 @@ class Lock:
         self._wake: Interrupt | None = None
         self._stray: Stray | None = None  # the current key's, when its join was sent more than once
         self._handed_over = False  # hand_over() was called on the current hold
-        #: The kind of this handle's queue entries (``_shape``): a lock's, unless a semaphore or read/write lock
-        #: made the handle.
-        self._kind = MUTEX
+        #: The kind of this handle's queue entries (``_shape``): a lock's, a semaphore slot's, a reader's or writer's.
+        self._kind = kind
+        self._queued: Ticket | None = None  # the ticket in the queue while this handle waits (for a lease's revoke)
 
     def __repr__(self) -> str:
         if self._ticket is not None and self._own_ticket() is None:
             return f"<distlock.Lock {self.name!r} ttl={self.ttl:g} not held (held by parent process {self._pid})>"
         state = "lost" if self._ticket is not None and self.lost else "held" if self._ticket else "not held"
-        token = f" token={self._ticket.revision}" if self._ticket is not None else ""
+        token = f" token={self._ticket.token}" if self._ticket is not None else ""
         return f"<distlock.Lock {self.name!r} ttl={self.ttl:g} {state}{token}>"
 
     # -- acquiring --------------------------------------------------------------------------------------------
@@ -261,7 +264,7 @@ class Lock:
         _metrics.acquire_started(self._metric_attributes)
         outcome = _metrics.ERROR
         try:
-            with self._client._while_open(f"acquire lock {self.name!r}"):
+            with self._context.open_for(f"acquire lock {self.name!r}"):
                 acquired = self._queue_until_head(deadline, cancel, predecessor)
             outcome = _metrics.ACQUIRED if acquired else _metrics.CANCELLED if cancel.fired else _metrics.TIMEOUT
             return acquired
@@ -271,8 +274,8 @@ class Lock:
                 self._busy = False
 
     def _queue_until_head(self, deadline: float, cancel: Interrupt, predecessor: int | None = None) -> bool:
-        backend = self._client._backend
-        keeper = self._client._keeper
+        backend = self._context.backend
+        keeper = self._context.keeper
         while True:
             if cancel.fired:
                 return False
@@ -287,7 +290,7 @@ class Lock:
                 nonce = secrets.token_hex(8) if self._kind == MUTEX else f"{self._kind}.{secrets.token_hex(8)}"
                 try:
                     record = owner_record(self.owner or nonce)
-                    ticket, position = backend.enqueue(self.name, session.lease.id, nonce, record)
+                    ticket, position = backend.enqueue(self.name, session.lease, nonce, record)
                 except LeaseGone:
                     keeper.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
                     continue
@@ -295,11 +298,12 @@ class Lock:
                     # The join may have landed, or a copy of it may still land: either way nobody waits on the key.
                     keeper.stray(session, self.name, nonce, active=False)
                     raise
+                self._queued = ticket
                 if ticket.resent:
                     self._stray = keeper.stray(session, self.name, nonce)
                 if predecessor is not None and not position.held:
                     # Queued behind the hold we take over: only now may its key go (no gap for a third party).
-                    if not backend.force_release(self.name, predecessor):
+                    if not self._context.release_at(self.name, predecessor):
                         self._give_up(ticket, session)
                         ticket = None
                         return False
@@ -343,6 +347,7 @@ class Lock:
                 unlink()
                 with self._mutex:
                     self._wake = None
+                    self._queued = None
                 if self._ticket is None:
                     keeper.detach(session, self)
                 if ticket is not None:  # an exception escaped mid-wait: leave no key behind
@@ -350,10 +355,10 @@ class Lock:
 
     def _give_up(self, ticket: Ticket, session: Session) -> None:
         try:
-            self._client._backend.dequeue(ticket)
+            self._context.backend.dequeue(ticket)
         except BackendError as e:
             log.warning("distlock: could not remove waiter of %r now (%s); retrying in the background", self.name, e)
-            self._client._keeper.orphan(ticket, session)
+            self._context.keeper.orphan(ticket, session)
         finally:
             self._stray_done()
 
@@ -362,7 +367,7 @@ class Lock:
         keeper then removes it; see ``_session.Stray``)."""
         stray, self._stray = self._stray, None
         if stray is not None:
-            self._client._keeper.stray_done(stray)
+            self._context.keeper.stray_done(stray)
 
     def _become_holder(self, ticket: Ticket, session: Session) -> None:
         now = _clock.now()
@@ -376,7 +381,7 @@ class Lock:
             self._handed_over = False
             self._hold_deadline = None if self.max_hold is None else now + self.max_hold
         if self._hold_deadline is not None:
-            self._client._keeper.changed()
+            self._context.keeper.changed()
 
     def _enter_context(self) -> None:
         _held.set((*_held.get(), self))
@@ -405,7 +410,7 @@ class Lock:
         ticket = self._own_ticket()
         if ticket is None:
             raise self._not_owned("is not held by this handle: it has no token")
-        return ticket.revision
+        return ticket.token
 
     @property
     def fence(self) -> Fence:
@@ -441,8 +446,8 @@ class Lock:
 
     def locked(self) -> bool:
         """True when anyone holds the lock (asks the server; like ``threading.Lock.locked``)."""
-        with self._client._while_open(f"read lock {self.name!r}"):
-            return self._client._backend.holder(self.name) is not None
+        with self._context.open_for(f"read lock {self.name!r}"):
+            return self._context.backend.head(self.name) is not None
 
     def ensure_held(self, verify: bool = False) -> None:
         """Raise ``LockLost`` if the lock is known lost, ``LockNotOwned`` if not held.
@@ -455,13 +460,13 @@ class Lock:
             raise self._not_owned("is not held by this handle")
         reason = self._lost_reason or self._check_deadlines()
         if reason is None and verify:
-            with self._client._while_open(f"check lock {self.name!r}"):
-                position = self._client._backend.position(ticket)
+            with self._context.open_for(f"check lock {self.name!r}"):
+                position = self._context.backend.position(ticket)
             if not position.held:
                 reason = "its key is no longer at the head of the queue" if not position.gone else "its key is gone"
                 self._mark_lost(reason)
         if reason is not None:
-            raise LockLost(f"lock {self.name!r} (token {ticket.revision}) was lost: {reason}", name=self.name)
+            raise LockLost(f"lock {self.name!r} (token {ticket.token}) was lost: {reason}", name=self.name)
 
     def _write_record(self, value: bytes) -> None:
         """Set the lock's record (``Backend.write_record``) while this handle holds it; an election's ``record()``.
@@ -474,12 +479,13 @@ class Lock:
             raise self._not_owned("is not held by this handle: only a holder writes its record")
         reason = self._lost_reason or self._check_deadlines()
         if reason is None:
-            with self._client._while_open(f"write the record of lock {self.name!r}"):
-                if self._client._backend.write_record(ticket, value):
+            records = self._context.records(f"the record of lock {self.name!r}")
+            with self._context.open_for(f"write the record of lock {self.name!r}"):
+                if records.write_record(ticket, value):
                     return
             reason = "its key is gone: the record was not written"
             self._mark_lost(reason, ticket)
-        raise LockLost(f"lock {self.name!r} (token {ticket.revision}) was lost: {reason}", name=self.name)
+        raise LockLost(f"lock {self.name!r} (token {ticket.token}) was lost: {reason}", name=self.name)
 
     def _check_deadlines(self) -> str | None:
         """Mark the lock lost if its lease deadline or hold deadline passed (the keeper may not have run yet)."""
@@ -509,7 +515,7 @@ class Lock:
         if self._on_lost is not None:
             # Not on the calling thread: the keeper must go on refreshing leases, and a caller of ``lost`` or
             # ``ensure_held()`` does not expect to run user code.
-            self._client._keeper.defer(self._call_on_lost)
+            self._context.keeper.defer(self._call_on_lost)
 
     def _call_on_lost(self) -> None:
         if self._on_lost is not None:
@@ -535,6 +541,10 @@ class Lock:
     def held_ticket(self) -> Ticket | None:
         return self._own_ticket() if self._lost_reason is None else None
 
+    @property
+    def queued_ticket(self) -> Ticket | None:
+        return self._queued or self._own_ticket()
+
     def ticket_gone(self, ticket: Ticket) -> None:
         if self._handed_over and self._end_handed_over(ticket):
             self._stray_done()
@@ -548,11 +558,11 @@ class Lock:
         if self._handed_over:
             if self._end_handed_over(ticket):
                 log.warning("distlock: lock %r was not taken over in time after hand_over(); releasing it", self.name)
-                self._client._keeper.defer(functools.partial(self._give_up, ticket, session))
+                self._context.keeper.defer(functools.partial(self._give_up, ticket, session))
             return
         self._mark_lost(f"held longer than max_hold={self.max_hold:g} s")
         # Deleting the key talks to the server: off the keeper thread, which must go on refreshing leases.
-        self._client._keeper.defer(functools.partial(self._give_up, ticket, session))
+        self._context.keeper.defer(functools.partial(self._give_up, ticket, session))
 
     # -- handing over -----------------------------------------------------------------------------------------
 
@@ -575,7 +585,7 @@ class Lock:
             self._hold_deadline = deadline if self._hold_deadline is None else min(self._hold_deadline, deadline)
             self._handed_over = True
         self._leave_context()
-        self._client._keeper.changed()
+        self._context.keeper.changed()
 
     def _end_handed_over(self, ticket: Ticket) -> bool:
         """End a handed-over hold of ``ticket`` locally (its key is gone, or about to be removed); False when the
@@ -589,7 +599,7 @@ class Lock:
             self._hold_deadline = None
             self._handed_over = False
         _metrics.lock_released(self._metric_attributes, _clock.now() - self._acquired_at)
-        self._client._keeper.detach(session, self)
+        self._context.keeper.detach(session, self)
         return True
 
     # -- releasing --------------------------------------------------------------------------------------------
@@ -609,25 +619,25 @@ class Lock:
             reason = self._lost_reason
         _metrics.lock_released(self._metric_attributes, _clock.now() - self._acquired_at)
         self._leave_context()
-        self._client._keeper.detach(session, self)
+        self._context.keeper.detach(session, self)
         if reason is None and session.expired():
             reason = session.why_expired()
-        if self._client.closed:
+        if self._context.closed:
             raise ClientClosed(f"lock {self.name!r}: the distlock client was closed (which released the lock)")
         removed = True
         try:
-            with self._client._while_open(f"release lock {self.name!r}"):
-                removed = self._client._backend.dequeue(ticket)
+            with self._context.open_for(f"release lock {self.name!r}"):
+                removed = self._context.backend.dequeue(ticket)
         except BackendError as e:
             log.warning("distlock: release of %r not confirmed (%s); retrying in the background", self.name, e)
-            self._client._keeper.orphan(ticket, session)
+            self._context.keeper.orphan(ticket, session)
         finally:
             self._stray_done()
         if reason is None and not removed:
             reason = "its key was already gone (the lease expired or was revoked)"
         if reason is not None:
             raise LockLost(
-                f"lock {self.name!r} (token {ticket.revision}) was lost before release: {reason}. "
+                f"lock {self.name!r} (token {ticket.token}) was lost before release: {reason}. "
                 "Another holder may have run concurrently; only fenced writes were protected.",
                 name=self.name,
             )

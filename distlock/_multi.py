@@ -34,7 +34,7 @@ from ._errors import ConfigurationError, DistlockError, LockNotAcquired
 from ._lock import AsyncLock, Fence, Lock, LockOptions
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from ._context import Context
 
 __all__ = ["AsyncMultiLock", "MultiLock"]
 
@@ -63,8 +63,8 @@ class MultiLock:
     ``timeout`` bounds the whole acquisition, not each lock's.
     """
 
-    def __init__(self, client: Client, names: Iterable[str], **options: Unpack[LockOptions]) -> None:
-        self._locks = tuple(Lock(client, name, **options) for name in _canonical(names))
+    def __init__(self, context: Context, names: Iterable[str], **options: Unpack[LockOptions]) -> None:
+        self._locks = tuple(Lock(context, name, **options) for name in _canonical(names))
         self.timeout = self._locks[0].timeout
 
     @property

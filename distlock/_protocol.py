@@ -1,29 +1,16 @@
-"""The seam between the lock algorithm and a lock service: a handful of primitives every backend provides.
+"""The seam between the lock algorithm and a lock service: the few primitives every backend provides.
 
-The algorithm in ``_lock.py`` (queueing, waiting with timeouts, cancellation, re-queueing after a lost lease) and the
-session keeper in ``_session.py`` (lease refresh, lost-lock deadlines, maximum hold time) are written once, above this
-protocol. A backend only knows how to
-
-- grant, refresh and revoke a *lease*: a server-side liveness token with a TTL that all of one client's keys of one
-  TTL hang on, so that a crashed client's locks vanish without its help;
-- put a waiter into a lock's FIFO queue (idempotently: a retried enqueue returns the same ticket) and say where in
-  the queue a ticket stands;
-- block until the waiter ahead of a ticket is gone, a timeout passes, or an :class:`Interrupt` fires;
-- remove a ticket *only if it is still the same ticket* (never an unconditional delete), and, for operators, remove
-  a lock's holder *only if its token is still the one the operator saw* (a force release);
-- find the key a join would make, so that one made by a late copy of a retried join can be removed;
-- say which of a lease's held tickets are gone (a force release or a hand removed them while the lease lived on);
-- name the current holder of a lock (and, optionally, list every lock: :class:`Inspectable`);
-- keep one small *record* per lock that only a holder can write: the write and the check that the writer's ticket
-  still holds are one atomic step on the server (an election's leader keeps its ledger there).
-
-A ticket at the head of its queue holds the lock. Its ``revision`` is the fencing token: it must strictly increase
-from one holder of a name to the next, and survive client and server restarts. Semaphores and read/write locks use
-the same queue with a *kind* per entry, carried in the nonce the core passes to ``enqueue`` (``_shape``): a ticket
-holds when fewer than its limit of the entries ahead conflict with it, and ``position`` answers by that rule.
-
-Errors: a backend raises only :mod:`distlock` errors (``BackendUnavailable``, ``AuthenticationFailed``, ...), with the
-client library's exception as ``__cause__``, after retrying what is safe to retry within its request timeout.
+The algorithm (``_lock``: queueing, waiting, timeouts, release, force release, hand-over) and the session keeper
+(``_session``: lease refresh, lost-lock deadlines, strays) are written once above :class:`Backend`. A backend grants,
+refreshes and revokes *leases* (a crashed client's keys vanish with its lease); joins a lock's FIFO queue
+(idempotently per nonce); says where a ticket stands and waits for the entry ahead; removes a ticket only if it is
+still that ticket; names a lock's head; finds held tickets that vanished while their lease lived; removes what a late
+copy of a retried join left. A ticket at the head holds, and its ``token`` strictly increases from one holder of a
+name to the next across client and server restarts. Semaphores and read/write locks share the queue: each entry's
+kind is in its nonce, and ``_shape`` holds the grant rule. Optional capabilities (:class:`Inspectable`,
+:class:`Recording`, entries of other kinds) are declared by the backend (``unsupported``) and checked where a user
+asks for them. Errors: only :mod:`distlock` errors, the client library's as ``__cause__``, after retrying what is
+safe within the request timeout. docs/design.md tells why each member is shaped as it is.
 """
 
 from __future__ import annotations
@@ -33,14 +20,17 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ._errors import BackendError
 
 __all__ = [
+    "KINDS",
+    "RECORDS",
     "Backend",
+    "Head",
     "Holder",
     "Inspectable",
     "Interrupt",
@@ -48,10 +38,12 @@ __all__ = [
     "LeaseGone",
     "LockState",
     "Position",
+    "Recording",
     "Ticket",
     "Waiter",
     "owner_id",
     "owner_record",
+    "unreachable",
 ]
 
 
@@ -90,11 +82,12 @@ class Lease:
 
 @dataclass(frozen=True)
 class Ticket:
-    """One waiter's place in one lock's queue. ``revision`` orders the queue and, at its head, is the fencing token."""
+    """One waiter's entry in one lock's queue: ``key`` names it on the server, ``token`` orders the queue and, at its
+    head, is the fencing token."""
 
     name: str
     key: bytes
-    revision: int
+    token: int
     lease_id: int
     #: The join that made this ticket was sent more than once: a late copy may make the key again after it is gone.
     resent: bool = False
@@ -209,79 +202,102 @@ class Interrupt:
             self._callbacks.remove(callback)
 
 
+@dataclass(frozen=True)
+class Head:
+    """A lock's head as a backend reads it: the ticket that heads the queue and the :class:`Holder` it makes."""
+
+    ticket: Ticket
+    holder: Holder
+
+
+#: The optional capabilities a backend may lack, by the name its ``unsupported`` mapping uses.
+RECORDS = "records"  # Recording: an election's record
+KINDS = "kinds"  # queue entries of other kinds than a plain lock's: semaphores, read/write locks
+
+
+@runtime_checkable
+class Recording(Protocol):
+    """A backend that keeps one small *record* per lock, written only by a holder (an election's leader keeps its
+    ledger there). Optional: ``client.election()`` checks it."""
+
+    def write_record(self, ticket: Ticket, value: bytes) -> bool:
+        """Set lock ``ticket.name``'s record to ``value`` if ``ticket``'s key still exists, in one atomic step.
+
+        A ticket that once held keeps holding until its key is removed (nobody gets ahead of the head), so "the key
+        exists" is "it still holds". False, writing nothing, when the key is gone. The record belongs to the lock,
+        not to a lease: the next holder reads what the last one wrote. Idempotent: a retried write sets the same value.
+        """
+
+    def read_record(self, name: str) -> bytes | None:
+        """Lock ``name``'s record (every write acknowledged before is seen), or None when none was ever written."""
+
+
 class Backend(Protocol):
-    """What a lock service must provide. Implementations live in :mod:`distlock.backends`."""
+    """What a lock service must provide. Implementations live in :mod:`distlock.backends`; the in-memory reference
+    implementation is ``distlock.testing.MemoryBackend``."""
 
     #: Where the backend points, for error messages: ``"etcd at 127.0.0.1:2379"``.
     description: str
+    #: The optional capabilities (:data:`RECORDS`, :data:`KINDS`) this backend lacks, each with the reason a user is
+    #: told when asking for it (``client.election()``, ``client.semaphore()``, ``client.rwlock()``).
+    unsupported: Mapping[str, str]
 
     def check(self) -> None:
-        """Prove the service is reachable and the credentials work; raise within the connect timeout otherwise."""
+        """Prove the service is reachable and the credentials work; raise within the connect timeout otherwise
+        (``unreachable()`` words the message)."""
 
     def grant_lease(self, ttl: float) -> Lease:
         """Grant a new lease of ``ttl`` seconds."""
 
-    def keep_alive(self, lease_id: int, timeout: float) -> float:
-        """Refresh a lease within ``timeout`` s; return its remaining TTL, or ``<= 0`` when the lease is gone."""
+    def keep_alive(self, lease: Lease, timeout: float) -> float:
+        """Refresh ``lease`` within ``timeout`` s to its granted TTL; return the TTL left, ``<= 0`` when it is gone."""
 
-    def revoke_lease(self, lease_id: int) -> None:
-        """Revoke a lease (deleting every key on it); a lease that is already gone is not an error."""
+    def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
+        """Revoke ``lease``, removing every key on it; a lease already gone is not an error. ``tickets`` are the ones
+        the client still has on it (held or waiting), for a service that cannot remove keys with their lease."""
 
-    def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
-        """Join the queue of lock ``name`` as waiter ``nonce`` on ``lease_id``; idempotent for the same nonce."""
+    def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+        """Join lock ``name``'s queue as waiter ``nonce`` on ``lease``; idempotent for the same nonce. Raises
+        ``LockKindMismatch`` (``_shape.refuse_mixed``) when entries of another family of kinds are queued."""
 
     def position(self, ticket: Ticket) -> Position:
         """Where ``ticket`` stands now."""
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
-        """Block until the waiter ahead (``position.ahead``) may be gone, ``timeout`` passes or ``interrupt`` fires.
+        """Block until the entry ahead (``position.ahead``) may be gone, ``timeout`` passes or ``interrupt`` fires.
 
-        None says only "look again": the caller re-reads the position. A backend that has just read the position
-        itself (etcd reads it once the watch reports the deletion) returns it, and the caller uses it as such.
+        None says only "look again": the caller re-reads the position. A backend that learnt the position while
+        waiting (etcd reads it once the watch reports the deletion; Redis is told "you hold it") returns it.
         """
 
     def dequeue(self, ticket: Ticket) -> bool:
-        """Delete ``ticket``'s key if it is still this ticket; False when it was already gone."""
+        """Delete ``ticket``'s key if it is still this ticket (same key, same token), waking the entry behind it;
+        False when it was already gone. A release, a give-up, and (at a head read by :meth:`head`) a force release."""
 
-    def holder(self, name: str) -> Holder | None:
-        """The current holder of ``name``, or None when nobody holds it."""
-
-    def force_release(self, name: str, token: int) -> bool:
-        """Delete the holder of ``name`` if its token is still ``token``, waking the next waiter as a release does.
-
-        False when nobody holds the lock or its holder has another token: a newer holder is never touched. True also
-        when a retried request's first attempt may have landed (the key at ``token`` is gone either way).
-        """
-
-    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
-        """The key that ``enqueue(name, lease_id, nonce, ...)`` makes, as a ticket, if it exists now; else None.
-
-        The keeper asks this of joins that were sent more than once, after their lock is done with them: a late
-        copy of such a join may have made the key again (see ``_session.Stray``).
-        """
+    def head(self, name: str) -> Head | None:
+        """Lock ``name``'s head and its holder, or None when nobody holds it (dead entries at the head are not it)."""
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         """Of ``tickets`` (held, all on one live lease), those whose key is gone although the lease lives.
 
-        One request per lease where the service allows it, not one per ticket: the keeper asks this after every
-        refresh of a lease that holds locks. May raise ``LeaseGone`` when the lease itself is gone.
+        One request where the service allows it, not one per ticket: the keeper asks this after every refresh of a
+        lease that holds locks. Raises ``LeaseGone`` when the lease itself is gone.
         """
 
-    def write_record(self, ticket: Ticket, value: bytes) -> bool:
-        """Set lock ``ticket.name``'s record to ``value`` if ``ticket``'s key still exists, in one atomic step.
+    def discard(self, name: str, lease: Lease, nonce: str) -> int | None:
+        """Remove the key ``enqueue(name, lease, nonce, ...)`` makes, if it exists now; its token, or None.
 
-        Only a holder calls it, and a ticket that once held keeps holding until its key is removed (nobody gets
-        ahead of the head), so "the key exists" is "it still holds". False, writing nothing, when the key is gone.
-        A record belongs to the lock, not to a lease: it outlives every holder, and the next holder reads what the
-        last one wrote. Idempotent: a retried write sets the same value.
+        The keeper asks this of joins that were sent more than once, after their lock is done with them: a late
+        copy of such a join may have made the key again (see ``_session.Stray``).
         """
-
-    def read_record(self, name: str) -> bytes | None:
-        """Lock ``name``'s record (as current as a holder's read: every write acknowledged before is seen), or
-        None when none was ever written."""
 
     def close(self) -> None:
         """Release client resources (channels, connections). Leases are revoked by the caller first."""
 
     def after_fork(self) -> None:
         """In a forked child: drop the parent's connections without touching them, and open new ones lazily."""
+
+
+def unreachable(description: str, connect_timeout: float, hint: str) -> str:
+    """The message of ``check()``'s ``BackendUnavailable``, the same for every backend."""
+    return f"could not reach {description} within {connect_timeout:g} s (connect_timeout); {hint}"

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Unpack
 
-from ._lock import AsyncLock, Lock, LockOptions
+from ._lock import AsyncLock, Lock, LockOptions, check_options
 from ._shape import READ, WRITE
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from ._context import Context
 
 __all__ = ["AsyncRWLock", "RWLock"]
 
@@ -31,11 +31,11 @@ class RWLock:
     own token, so a reader's token cannot tell readers apart at a database: readers should not make fenced writes.
     """
 
-    def __init__(self, client: Client, name: str, **options: Unpack[LockOptions]) -> None:
-        self._client = client
+    def __init__(self, context: Context, name: str, **options: Unpack[LockOptions]) -> None:
+        check_options(name, options)  # now, where they are given
+        self._context = context
         self.name = name
         self._options = options
-        Lock(client, name, **options)  # checks the name and options now, where they are given
 
     def __repr__(self) -> str:
         return f"<distlock.RWLock {self.name!r}>"
@@ -49,9 +49,8 @@ class RWLock:
         return self._handle(WRITE)
 
     def _handle(self, kind: str) -> Lock:
-        lock = self._client.lock(self.name, **self._options)
-        lock._kind = kind
-        return lock
+        self._context.check_open()
+        return Lock(self._context, self.name, kind=kind, **self._options)
 
 
 class AsyncRWLock:

@@ -96,6 +96,10 @@ class Member(Protocol):
     def held_ticket(self) -> Ticket | None:
         """The ticket this member holds and does not know lost, if any."""
 
+    @property
+    def queued_ticket(self) -> Ticket | None:
+        """The ticket this member has in a queue, waiting or holding, if any (a revoke names it to the backend)."""
+
     def ticket_gone(self, ticket: Ticket) -> None:
         """The key of ``ticket`` was found gone while its lease lives (force-released)."""
 
@@ -285,7 +289,6 @@ class Keeper:
             self._closed = True
             sessions = list(self._sessions.values())
             self._sessions.clear()
-            self._orphans.clear()
             self._cond.notify_all()
             self._work.notify_all()
             keeper = self._thread
@@ -363,7 +366,7 @@ class Keeper:
         sent = _clock.now()
         try:
             # Never block past the deadline: a late answer is worth nothing, and other sessions wait on us.
-            remaining = self._backend.keep_alive(session.lease.id, max(session.deadline - sent, 0.05))
+            remaining = self._backend.keep_alive(session.lease, max(session.deadline - sent, 0.05))
         except LeaseGone:
             remaining = 0.0
         except Exception as e:
@@ -433,15 +436,14 @@ class Keeper:
             for stray in due:
                 if session.lost_reason is not None or self._closed:
                     return
-                ticket = self._backend.lingering(stray.name, session.lease.id, stray.nonce)
-                if ticket is not None:
+                token = self._backend.discard(stray.name, session.lease, stray.nonce)
+                if token is not None:
                     log.warning(
                         "distlock: a late copy of a retried join of lock %r made a key nobody waits on "
-                        "(token %d); removing it",
+                        "(token %d); removed it",
                         stray.name,
-                        ticket.revision,
+                        token,
                     )
-                    self._backend.dequeue(ticket)
                 with self._cond:
                     stray.checks += 1
                     spacing = min(2**stray.checks, _STRAY_SPACING)
@@ -493,8 +495,15 @@ class Keeper:
                         retry_at = _clock.now() + ORPHAN_RETRY
 
     def _revoke(self, session: Session) -> None:
+        with self._cond:
+            queued = [ticket for member in session.members if (ticket := member.queued_ticket) is not None]
+        with self._work:
+            queued += [ticket for ticket, owner in self._orphans if owner is session]
+            if self._closed:  # the revoke takes them with it
+                self._orphans = [(ticket, owner) for ticket, owner in self._orphans if owner is not session]
+        tickets = [ticket for ticket in queued if ticket.lease_id == session.lease.id]
         try:
-            self._backend.revoke_lease(session.lease.id)
+            self._backend.revoke_lease(session.lease, tickets)
         except DistlockError as e:
             log.info("distlock could not revoke lease %x (it expires by itself): %s", session.lease.id, e)
 

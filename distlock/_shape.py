@@ -11,15 +11,15 @@ behind it: writers do not starve.
 
 A queue holds one family of kinds only (mutex, one semaphore limit, or read/write): the backends refuse a join that
 would mix them, with :class:`LockKindMismatch`, since the rule means nothing across families. The Redis scripts carry
-their own copy of this rule in Lua (they grant inside the server); this module is the copy the Python side uses (the
-etcd backend's reads, both backends' inspectors).
+their own copy of this rule in Lua (they grant inside the server); this module is the copy every Python backend and
+inspector uses (which entries hold, which one a waiter waits on, which joins are refused).
 
 What can go wrong: a nonce or key this module did not make (a key written by hand) reads as a mutex entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ._errors import ConfigurationError, LockKindMismatch
 from ._protocol import LockState, Waiter
@@ -37,8 +37,10 @@ __all__ = [
     "limit_of",
     "lock_state",
     "mismatch",
+    "refuse_mixed",
     "semaphore_kind",
     "waiting",
+    "waits_on",
 ]
 
 #: The kind of a plain lock's entries.
@@ -104,6 +106,26 @@ def holding(kinds: Sequence[str]) -> list[bool]:
 def waiting(kinds: Sequence[str]) -> int:
     """For entries of ``kinds`` in queue order, how many wait (``Holder.waiters``; the others hold)."""
     return holding(kinds).count(False)
+
+
+def waits_on(kinds: Sequence[str]) -> int | None:
+    """For the last of ``kinds`` (in queue order), when it does not hold: the index of the one entry ahead whose
+    removal it waits for (a reader's: the newest writer ahead; any other's: the entry just ahead), or None for a
+    semaphore slot, which waits on no single entry (any ``limit`` of those ahead will do)."""
+    ours, index = kinds[-1], len(kinds) - 1
+    if limit_of(ours) > 1:
+        return None
+    if ours == READ:
+        return max(i for i in range(index) if conflicts(ours, kinds[i]))
+    return index - 1
+
+
+def refuse_mixed(name: str, ours: str, theirs: Iterable[str]) -> None:
+    """Raise :func:`mismatch` when any of the kinds ``theirs`` queued on ``name`` is of another family than ``ours``:
+    the grant rule means nothing across families (a plain lock, each semaphore limit, read/write)."""
+    for kind in theirs:
+        if family(kind) != family(ours):
+            raise mismatch(name, ours, kind)
 
 
 def mismatch(name: str, ours: str, theirs: str) -> LockKindMismatch:

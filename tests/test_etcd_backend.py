@@ -30,7 +30,7 @@ def test_queue_reads_cut_short_mid_read_leave_etcd_running(etcd_server: EtcdServ
                 keys = (prefix + b"~%08d" % i for i in range(start, start + 100))
                 puts = [etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=b"x")) for key in keys]
                 backend._member().kv.Txn(etcdrpc.TxnRequest(success=puts), timeout=10)
-            ticket = Ticket(name=lock_name, key=prefix + b"~%08d" % (LONG_QUEUE - 1), revision=1 << 40, lease_id=0)
+            ticket = Ticket(name=lock_name, key=prefix + b"~%08d" % (LONG_QUEUE - 1), token=1 << 40, lease_id=0)
             cut_short = 0
             for attempt in range(200):
                 backend.request_timeout = 0.002 + (attempt % 20) * 0.001  # deadlines at every point of the read
@@ -60,8 +60,8 @@ def test_a_request_racing_close_fails_with_a_distlock_error(
 
     monkeypatch.setattr(backend, "_metadata", close_first)
     with pytest.raises(distlock.ClientClosed, match="closed"):
-        backend.holder(lock_name)
+        backend.head(lock_name)
     monkeypatch.undo()
     with pytest.raises(distlock.ClientClosed, match="closed"):  # and a closed backend does not reconnect
-        backend.holder(lock_name)
+        backend.head(lock_name)
     client.close()

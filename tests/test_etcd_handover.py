@@ -83,8 +83,8 @@ def test_a_wait_that_starts_after_the_key_ahead_went_returns_the_read_it_made(
         backend = client._backend
         assert isinstance(backend, EtcdBackend)
         lease = backend.grant_lease(30)
-        first, _ = backend.enqueue(lock_name, lease.id, "first", b"")
-        second, position = backend.enqueue(lock_name, lease.id, "second", b"")
+        first, _ = backend.enqueue(lock_name, lease, "first", b"")
+        second, position = backend.enqueue(lock_name, lease, "second", b"")
         assert not position.held and position.ahead == first.key
         assert backend.dequeue(first)  # the store moves on: the watch starts after the read that found `first`
         before = _received(server)
@@ -94,4 +94,4 @@ def test_a_wait_that_starts_after_the_key_ahead_went_returns_the_read_it_made(
         # shows it holds the lock, and the caller gets it instead of having to read a second time.
         assert seen is not None and seen.held, seen
         assert spent == {"Watch": 1, "Range": 1}, spent
-        backend.revoke_lease(lease.id)
+        backend.revoke_lease(lease, [])

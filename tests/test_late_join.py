@@ -58,11 +58,11 @@ def test_a_late_copy_of_a_retried_join_after_release_does_not_block_the_next_wai
 
     # The first copy arrives now, after the release: it makes the key again.
     ghost, _ = client._backend.enqueue(*calls[0])
-    assert ghost.revision > token
+    assert ghost.token > token
     holder = client.holder(lock_name)
-    assert holder is not None and holder.token == ghost.revision
+    assert holder is not None and holder.token == ghost.token
 
-    _next_waiter_gets_it(backend_url, lock_name, after=ghost.revision)
+    _next_waiter_gets_it(backend_url, lock_name, after=ghost.token)
 
 
 def test_a_join_that_failed_after_landing_does_not_block_the_next_waiter(
@@ -85,13 +85,13 @@ def test_a_join_answered_at_once_is_never_looked_for(
     client: distlock.Client, lock_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     looked: list[str] = []
-    real = client._backend.lingering
+    real = client._backend.discard
 
-    def lingering(name: str, lease_id: int, nonce: str) -> Any:
+    def discard(name: str, lease: Any, nonce: str) -> Any:
         looked.append(name)
-        return real(name, lease_id, nonce)
+        return real(name, lease, nonce)
 
-    monkeypatch.setattr(client._backend, "lingering", lingering)
+    monkeypatch.setattr(client._backend, "discard", discard)
     for _ in range(3):
         with client.lock(lock_name, ttl=TTL):
             pass

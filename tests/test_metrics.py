@@ -31,6 +31,7 @@ from sqlalchemy import create_engine, select, update
 from sqlalchemy.orm import Session
 
 import distlock
+from distlock._protocol import Lease
 from distlock_sqla import StaleFenceToken, claim_one
 
 WAIT = "distlock.lock.wait_time"
@@ -169,7 +170,8 @@ def test_locks_made_lost_are_counted(
     holder = client.holder(revoked.name)
     assert holder is not None
     with distlock.connect(backend_url) as operator:
-        operator._backend.revoke_lease(holder.lease_id)  # as an operator would, behind the holder's back
+        # As an operator would, behind the holder's back.
+        operator._backend.revoke_lease(Lease(holder.lease_id, 0.0), [])
     wait_until(lambda: overstayed.lost and revoked.lost, 15, "both locks to be lost")
     for lock in (overstayed, revoked):
         with pytest.raises(distlock.LockLost):

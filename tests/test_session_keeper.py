@@ -12,6 +12,7 @@ import pytest
 from _support import wait_until
 
 import distlock
+from distlock._protocol import Lease
 from distlock.testing import EtcdServer
 
 #: How long the keep-alive rate is sampled.
@@ -21,17 +22,17 @@ SAMPLE = 3.0
 class _CountingKeepAlive:
     """Wraps a backend's ``keep_alive``: counts the calls, and raises ``fail_with`` from the next one when set."""
 
-    def __init__(self, inner: Callable[[int, float], float]) -> None:
+    def __init__(self, inner: Callable[[Lease, float], float]) -> None:
         self._inner = inner
         self.calls = 0
         self.fail_with: BaseException | None = None
 
-    def __call__(self, lease_id: int, timeout: float) -> float:
+    def __call__(self, lease: Lease, timeout: float) -> float:
         self.calls += 1
         failure, self.fail_with = self.fail_with, None
         if failure is not None:
             raise failure
-        return self._inner(lease_id, timeout)
+        return self._inner(lease, timeout)
 
 
 @pytest.fixture
@@ -90,7 +91,7 @@ def test_the_keeper_survives_an_unexpected_keep_alive_error(
     # Lost signals still fire: the lease vanishes behind the client's back, the next refresh finds it gone.
     session = lock._session
     assert session is not None
-    client._backend.revoke_lease(session.lease.id)
+    client._backend.revoke_lease(session.lease, [])
     assert lock.lost_event.wait(5), "the keeper no longer signals a lost lease"
     wait_until(lambda: lost == [lock], 5, "the on_lost callback")
     assert lock.lost and not lock.owned()

@@ -49,14 +49,27 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ... import _clock
 from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
 from ..._names import escape_name, unescape_name
-from ..._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from ..._protocol import (
+    Head,
+    Holder,
+    Interrupt,
+    Lease,
+    LeaseGone,
+    LockState,
+    Position,
+    Ticket,
+    Waiter,
+    owner_id,
+    unreachable,
+)
 from ..._retry import Attempt, ErrorTable, retrying
 from ..._shape import MUTEX, READ, WRITE, family, kind_of, limit_of, lock_state, mismatch, waiting
 
@@ -256,7 +269,7 @@ class _SlotWatch:
                 continue
             if bytes(event.kv.key) == self._ticket.key or not event.HasField("prev_kv"):
                 return self._backend._position_on(self._member, self._ticket)
-            if int(event.prev_kv.create_revision) < self._ticket.revision:
+            if int(event.prev_kv.create_revision) < self._ticket.token:
                 self._ahead -= 1
         return self._read() if self._ahead < self._limit else False
 
@@ -279,7 +292,7 @@ def _none_at(key: bytes, range_end: bytes = b"") -> Any:
 def _still_there(ticket: Ticket) -> Any:
     """The compare of a transaction that acts only if ``ticket``'s key still exists, made by the same join."""
     return etcdrpc.Compare(
-        result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.CREATE, key=ticket.key, create_revision=ticket.revision
+        result=etcdrpc.Compare.EQUAL, target=etcdrpc.Compare.CREATE, key=ticket.key, create_revision=ticket.token
     )
 
 
@@ -299,6 +312,8 @@ def _format_host(host: str, port: int) -> str:
 
 class EtcdBackend:
     """Lock primitives on one etcd cluster. Thread-safe; reconnects lazily after ``fork()``."""
+
+    unsupported: Mapping[str, str] = MappingProxyType({})  # every capability
 
     def __init__(
         self,
@@ -526,10 +541,8 @@ class EtcdBackend:
         try:
             self._unary("connect", "Range", request, budget=max(deadline - _clock.now(), 0.001))
         except BackendUnavailable as e:
-            raise BackendUnavailable(
-                f"could not reach {self.description} within {self.connect_timeout:g} s "
-                f"(connect_timeout); is etcd running there? ({e})"
-            ) from e.__cause__
+            hint = f"is etcd running there? ({e})"
+            raise BackendUnavailable(unreachable(self.description, self.connect_timeout, hint)) from e.__cause__
 
     def grant_lease(self, ttl: float) -> Lease:
         response, _ = self._unary("grant lease", "LeaseGrant", etcdrpc.LeaseGrantRequest(TTL=math.ceil(ttl)))
@@ -537,11 +550,11 @@ class EtcdBackend:
             raise BackendError(f"grant lease failed on {self.description}: {response.error}")
         return Lease(id=int(response.ID), ttl=float(response.TTL))
 
-    def keep_alive(self, lease_id: int, timeout: float) -> float:
+    def keep_alive(self, lease: Lease, timeout: float) -> float:
         deadline = _clock.now() + min(timeout, self.request_timeout)
 
         def once(member: _Member, timeout: float) -> float:
-            request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+            request = etcdrpc.LeaseKeepAliveRequest(ID=lease.id)
             responses = member.lease.LeaseKeepAlive(iter((request,)), timeout=timeout, metadata=self._metadata())
             try:
                 for response in responses:
@@ -553,9 +566,9 @@ class EtcdBackend:
         ttl, _ = self._retrying("lease keep-alive", once, deadline)
         return ttl
 
-    def revoke_lease(self, lease_id: int) -> None:
-        with contextlib.suppress(LeaseGone):
-            self._unary("revoke lease", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease_id))
+    def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
+        with contextlib.suppress(LeaseGone):  # etcd deletes the lease's keys with it: ``tickets`` are not needed
+            self._unary("revoke lease", "LeaseRevoke", etcdrpc.LeaseRevokeRequest(ID=lease.id))
 
     def _lock_prefix(self, name: str) -> bytes:
         return self._prefix + escape_name(name).encode("utf-8") + b"/"
@@ -622,7 +635,8 @@ class EtcdBackend:
         gaps.append((start, _prefix_end(prefix)))
         return gaps
 
-    def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+    def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+        lease_id = lease.id
         prefix = self._lock_prefix(name)
         end = _prefix_end(prefix)
         key = self._key(name, lease_id, nonce)
@@ -670,16 +684,14 @@ class EtcdBackend:
             if kvs:
                 # A retry of a put that landed: the key is ours already (its join passed the same compares). Read
                 # our place the ordinary way.
-                ticket = Ticket(
-                    name=name, key=key, revision=int(kvs[0].create_revision), lease_id=lease_id, resent=True
-                )
+                ticket = Ticket(name=name, key=key, token=int(kvs[0].create_revision), lease_id=lease_id, resent=True)
                 return ticket, self.position(ticket)
             for answer in response.responses[1:]:
                 if answer.response_range.kvs:
                     raise mismatch(name, kind, self._kind(name, bytes(answer.response_range.kvs[0].key)))
             raise BackendError(f"enqueue for lock {name!r}: a compare failed on keys a transaction did not find")
         revision = int(response.header.revision)
-        ticket = Ticket(name=name, key=key, revision=revision, lease_id=lease_id, resent=resent)
+        ticket = Ticket(name=name, key=key, token=revision, lease_id=lease_id, resent=resent)
         newest = response.responses[1].response_range
         ahead = [kv for kv in newest.kvs if kv.key != key]
         if kind == READ:
@@ -697,7 +709,7 @@ class EtcdBackend:
         what = f"read queue of lock {ticket.name!r}"
         writers = None
         if self._kind(ticket.name, ticket.key) == READ:
-            writers, _ = self._unary(what, "Range", self._last_writer(ticket.name, ticket.revision))
+            writers, _ = self._unary(what, "Range", self._last_writer(ticket.name, ticket.token))
         response, _ = self._unary(what, "Range", self._position_request(ticket, serializable=False))
         return self._position_of(ticket, response, writers)
 
@@ -710,7 +722,7 @@ class EtcdBackend:
         return etcdrpc.RangeRequest(
             key=prefix,
             range_end=_prefix_end(prefix),
-            max_create_revision=ticket.revision,
+            max_create_revision=ticket.token,
             sort_order=etcdrpc.RangeRequest.DESCEND,
             sort_target=etcdrpc.RangeRequest.CREATE,
             limit=0 if self._kind(ticket.name, ticket.key).startswith("s") else 2,
@@ -720,7 +732,7 @@ class EtcdBackend:
 
     def _position_of(self, ticket: Ticket, response: Any, writers: Any = None) -> Position:
         kvs = response.kvs
-        if not kvs or bytes(kvs[0].key) != ticket.key or int(kvs[0].create_revision) != ticket.revision:
+        if not kvs or bytes(kvs[0].key) != ticket.key or int(kvs[0].create_revision) != ticket.token:
             return Position(held=False, gone=True)
         if writers is not None:
             wait_on = bytes(writers.kvs[0].key) if writers.kvs else None
@@ -743,7 +755,7 @@ class EtcdBackend:
         try:
             writers = None
             if self._kind(ticket.name, ticket.key) == READ:
-                request = self._last_writer(ticket.name, ticket.revision, serializable=True)
+                request = self._last_writer(ticket.name, ticket.token, serializable=True)
                 writers = member.kv.Range(request, timeout=budget, metadata=self._metadata())
             response = member.kv.Range(
                 self._position_request(ticket, serializable=True), timeout=budget, metadata=self._metadata()
@@ -874,7 +886,7 @@ class EtcdBackend:
         response, _ = self._unary(f"read holder of lock {name!r}", "Range", request)
         return response
 
-    def holder(self, name: str) -> Holder | None:
+    def head(self, name: str) -> Head | None:
         response = self._read_head(name)
         if not response.kvs:
             return None
@@ -895,49 +907,39 @@ class EtcdBackend:
             )
             queue, _ = self._unary(f"read queue of lock {name!r}", "Range", request)
             waiters = waiting([self._kind(name, bytes(each.key)) for each in queue.kvs])
-        return Holder(
+        token, lease_id = int(kv.create_revision), int(kv.lease)
+        holder = Holder(
             name=name,
-            token=int(kv.create_revision),
-            lease_id=int(kv.lease),
+            token=token,
+            lease_id=lease_id,
             owner=owner_id(bytes(kv.value)),
             waiters=waiters,
             holders=int(response.count) - waiters,
         )
+        return Head(Ticket(name=name, key=bytes(kv.key), token=token, lease_id=lease_id), holder)
 
-    def force_release(self, name: str, token: int) -> bool:
-        # Read the head, then delete it only if its create revision is still the token. The head stops being the
-        # head only by being deleted (every later key has a larger revision), so the compare also proves that the
-        # key deleted is still the holder's: a holder that released meanwhile, and the waiter that took over, fail
-        # it. The same compare-and-delete as a release, so whichever of the two comes second finds nothing to do.
-        response = self._read_head(name)
-        if not response.kvs or int(response.kvs[0].create_revision) != token:
-            return False
-        ticket = Ticket(name=name, key=bytes(response.kvs[0].key), revision=token, lease_id=int(response.kvs[0].lease))
-        return self.dequeue(ticket)
-
-    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
-        key = self._key(name, lease_id, nonce)
+    def discard(self, name: str, lease: Lease, nonce: str) -> int | None:
+        key = self._key(name, lease.id, nonce)
         response, _ = self._unary(f"look for a late join of lock {name!r}", "Range", etcdrpc.RangeRequest(key=key))
         if not response.kvs:
             return None
-        return Ticket(name=name, key=key, revision=int(response.kvs[0].create_revision), lease_id=lease_id)
+        token = int(response.kvs[0].create_revision)
+        self.dequeue(Ticket(name=name, key=key, token=token, lease_id=lease.id))
+        return token
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One LeaseTimeToLive with keys=True names every key on the lease (waiters' too), whatever the number of
         # locks held: cheaper than a read per lock. A key name is never reused (each joins with a fresh nonce), so
         # a held key that is not on its lease any more was deleted.
-        by_lease: dict[int, list[Ticket]] = {}
-        for ticket in tickets:
-            by_lease.setdefault(ticket.lease_id, []).append(ticket)
-        gone: list[Ticket] = []
-        for lease_id, held in by_lease.items():
-            request = etcdrpc.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
-            answer, _ = self._unary("check held locks", "LeaseTimeToLive", request)
-            if answer.TTL < 0:  # -1: not found (0 is a live lease with less than a second left)
-                raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
-            present = {bytes(key) for key in answer.keys}
-            gone.extend(ticket for ticket in held if ticket.key not in present)
-        return gone
+        if not tickets:
+            return []
+        lease_id = tickets[0].lease_id
+        request = etcdrpc.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
+        answer, _ = self._unary("check held locks", "LeaseTimeToLive", request)
+        if answer.TTL < 0:  # -1: not found (0 is a live lease with less than a second left)
+            raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
+        present = {bytes(key) for key in answer.keys}
+        return [ticket for ticket in tickets if ticket.key not in present]
 
     def _record_key(self, name: str) -> bytes:
         """``<prefix>/<escaped name>``: beside the lock's queue (``<prefix>/<escaped name>/``), never inside a range."""

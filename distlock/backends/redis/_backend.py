@@ -84,14 +84,17 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ... import _clock
 from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
 from ..._names import escape_name, unescape_name
 from ..._protocol import (
+    KINDS,
+    Head,
     Holder,
     Interrupt,
     Lease,
@@ -102,9 +105,10 @@ from ..._protocol import (
     Waiter,
     owner_id,
     owner_record,
+    unreachable,
 )
 from ..._retry import Attempt, ErrorTable, retrying
-from ..._shape import MUTEX, kind_of, lock_state, mismatch
+from ..._shape import kind_of, lock_state, mismatch
 
 try:
     import redis
@@ -384,17 +388,6 @@ return {head[1], tonumber(head[2]), entries - holders, redis.call('HGET', KEYS[2
 """
 )
 
-# KEYS: queue. ARGV: token, lease key prefix. 1 if the head had that token and was removed (waking the waiter
-# behind it).
-_FORCE_RELEASE = (
-    _LUA_HELPERS
-    + """
-local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #head == 0 or head[1] == LAST or tonumber(head[2]) ~= tonumber(ARGV[1]) then return 0 end
-return remove(KEYS[1], head[1], tonumber(head[2]), true, true, ARGV[2])
-"""
-)
-
 # KEYS: queues. ARGV: member and token of each queue's entry, in turn. Answers the (1-based) indexes of the entries
 # that are gone.
 _MISSING = """
@@ -433,8 +426,8 @@ def _sha1(text: str) -> str:
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
 
-ENQUEUE, POSITION, REMOVE, HEAD, FORCE_RELEASE, MISSING, WRITE_RECORD = (
-    _Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD, _FORCE_RELEASE, _MISSING, _WRITE_RECORD)
+ENQUEUE, POSITION, REMOVE, HEAD, MISSING, WRITE_RECORD = (
+    _Script(s) for s in (_ENQUEUE, _POSITION, _REMOVE, _HEAD, _MISSING, _WRITE_RECORD)
 )
 
 
@@ -638,13 +631,14 @@ class RedisBackend:
         self.request_timeout = request_timeout
         # What the connections are made with (see _client): it bounds connecting and its handshake too.
         self._socket_timeout = min(connect_timeout, request_timeout)
-        self._mutex = threading.Lock()
-        # The TTL granted to each of our leases (whole milliseconds, in seconds): refreshes renew it as granted.
-        self._lease_ttls: dict[int, float] = {}
-        # Entries this process has in queues, by lease: revoking a lease removes them (Redis cannot do it).
-        self._tickets: dict[int, dict[bytes, Ticket]] = {}
-        # Tickets whose wait popped a hand-over ("h"): their next position() is the head without a read.
-        self._handed_over: dict[bytes, Ticket] = {}
+        self.unsupported: Mapping[str, str] = MappingProxyType(
+            {
+                KINDS: "semaphores and read/write locks need one Redis server (their scripts read every holder's "
+                "lease, which a Redis Cluster script may not); use a plain lock, one Redis server, or etcd"
+            }
+            if target.one_slot_per_script
+            else {}
+        )
         self._errors = ErrorTable(
             description=self.description,
             retryable=_retryable,
@@ -743,10 +737,8 @@ class RedisBackend:
         try:
             answer, _ = self._request("connect", self._lease_key(0), "PING", budget=self.connect_timeout)
         except BackendUnavailable as e:
-            raise BackendUnavailable(
-                f"could not reach {self.description} within {self.connect_timeout:g} s "
-                f"(connect_timeout); is Redis running there? ({e.__cause__})"
-            ) from e.__cause__
+            hint = f"is Redis running there? ({e.__cause__})"
+            raise BackendUnavailable(unreachable(self.description, self.connect_timeout, hint)) from e.__cause__
         if answer not in (b"PONG", "PONG", True):
             raise BackendError(f"{self.description} answered PING with {answer!r}: is it a Redis server?")
 
@@ -766,30 +758,22 @@ class RedisBackend:
             )
             # A retried SET NX finds the key its first attempt made: ours too.
             if answer is not None or attempts > 1:
-                granted = ttl_ms / 1000
-                with self._mutex:
-                    self._lease_ttls[lease_id] = granted
-                return Lease(id=lease_id, ttl=granted)
+                return Lease(id=lease_id, ttl=ttl_ms / 1000)
         raise BackendError(f"grant lease: {self.description} already had three random lease ids (are they random?)")
 
-    def keep_alive(self, lease_id: int, timeout: float) -> float:
-        granted = self._lease_ttls.get(lease_id)
-        if granted is None:
-            return 0.0  # granted before a fork, by the parent: not ours to refresh
-        key = self._lease_key(lease_id)
-        ttl_ms = round(granted * 1000)
+    def keep_alive(self, lease: Lease, timeout: float) -> float:
+        key = self._lease_key(lease.id)
+        ttl_ms = round(lease.ttl * 1000)  # renewed as granted, in whole milliseconds
         answer, _ = self._request(
             "lease keep-alive", key, "PEXPIRE", key, ttl_ms, budget=min(timeout, self.request_timeout)
         )
         return ttl_ms / 1000 if answer == 1 else 0.0
 
-    def revoke_lease(self, lease_id: int) -> None:
-        with self._mutex:
-            self._lease_ttls.pop(lease_id, None)
-            tickets = list(self._tickets.pop(lease_id, {}).values())
-        key = self._lease_key(lease_id)
+    def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
+        key = self._lease_key(lease.id)
         self._request("revoke lease", key, "DEL", key)
-        # The entries are dead now; removing them wakes their successors at once instead of after the TTL.
+        # The entries are dead now; removing them wakes their successors at once instead of after the TTL. (An entry
+        # whose join was under way is not among ``tickets``: its successor finds its lease gone and removes it.)
         for ticket in tickets:
             self._remove(ticket, check_token=True)
 
@@ -818,14 +802,10 @@ class RedisBackend:
         self._remove(ticket, check_token=True)
         return True
 
-    def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+    def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+        lease_id = lease.id
         keys = self._lock_keys(name)
         member = f"{lease_id:x}-{nonce}".encode("ascii")
-        if self._target.one_slot_per_script and kind_of(nonce) != MUTEX:
-            raise ConfigurationError(
-                f"lock {name!r}: semaphores and read/write locks need one Redis server (their scripts read every "
-                "holder's lease, which a Redis Cluster script may not); use a plain lock, or etcd"
-            )
         # A waiter's id is its nonce unless it was given an owner, and the host and pid are in its lease key's
         # value: only a given owner needs a record of its own.
         record = b"" if owner == owner_record(nonce) else owner
@@ -849,51 +829,42 @@ class RedisBackend:
         ticket = _Entry(
             name=name,
             key=member,
-            revision=int(answer[0]),
+            token=int(answer[0]),
             lease_id=lease_id,
             resent=attempts > 1,
             owner_stored=bool(record),
             # Nobody is ahead of an entry that joined at the head, so nobody ever wakes it.
             woken=attempts > 1 or not position.held,
+            lease_ttl=lease.ttl,
         )
-        with self._mutex:
-            # Revoked (or declared lost) while we joined: leave no entry behind.
-            revoked = lease_id not in self._lease_ttls
-            if not revoked:
-                self._tickets.setdefault(lease_id, {})[member] = ticket
-        if revoked:
-            self._remove(ticket, check_token=True)
-            raise gone
         if self._lease_lost_behind_our_back(ticket, position):
             raise gone
         return ticket, position
 
     def position(self, ticket: Ticket) -> Position:
-        if self._handed_over.pop(ticket.key, None) == ticket:
-            # The waiter ahead released and its script made us the head (after checking our lease on one server):
-            # nothing to read. The hand-over's list dies with our entry, so a popped "h" was true when popped.
-            position = _HELD
-        else:
-            keys = self._lock_keys(ticket.name)
-            answer, _ = self._script(
-                f"read queue of lock {ticket.name!r}",
-                POSITION,
-                self._own_lease((keys + "q",), ticket.lease_id),
-                ticket.key,
-                ticket.revision,
-                self._lease_prefix,
-            )
-            position = _position(answer)
+        keys = self._lock_keys(ticket.name)
+        answer, _ = self._script(
+            f"read queue of lock {ticket.name!r}",
+            POSITION,
+            self._own_lease((keys + "q",), ticket.lease_id),
+            ticket.key,
+            ticket.token,
+            self._lease_prefix,
+        )
+        return self._checked(ticket, _position(answer))
+
+    def _checked(self, ticket: Ticket, position: Position) -> Position:
         if self._lease_lost_behind_our_back(ticket, position):
             return Position(held=False, gone=True)
         return position
 
-    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> None:
+    def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
         if interrupt.fired:
-            return
+            return None
         # Every wait ends within our own TTL at the latest: an entry ahead removed by hand (no wake-up) costs
         # one TTL, not a hang.
-        limit = min(math.inf if timeout is None else timeout, self._lease_ttls.get(ticket.lease_id, 1.0))
+        own_ttl = ticket.lease_ttl if isinstance(ticket, _Entry) else 1.0
+        limit = min(math.inf if timeout is None else timeout, own_ttl)
         # On one server the script that placed us read the lease of the waiter ahead; on a Cluster it could not.
         pttl = position.ahead_ttl_ms if isinstance(position, _Place) else _NOT_READ
         if pttl == _NOT_READ and _lease_of(position.ahead) != ticket.lease_id:
@@ -902,12 +873,15 @@ class RedisBackend:
             pttl, _ = self._request(f"check the waiter ahead on lock {ticket.name!r}", key, "PTTL", key)
         if pttl == -2:
             self._evict(ticket.name, position.ahead)
-            return
+            return None
         if pttl >= 0:
             limit = min(limit, pttl / 1000 + _EXPIRY_SLACK)
         news = self._block(self._lock_keys(ticket.name) + "wake:" + ticket.key.decode("ascii"), limit, interrupt)
-        if news == b"h":
-            self._handed_over[ticket.key] = ticket
+        if news != b"h":
+            return None
+        # The waiter ahead released and its script made us the head (after checking our lease on one server):
+        # nothing to read. The hand-over's list dies with our entry, so a popped "h" was true when popped.
+        return self._checked(ticket, _HELD)
 
     def _block(self, key: str, limit: float, interrupt: Interrupt) -> bytes | None:
         """``BLPOP key`` for at most ``limit`` s; a fired ``interrupt`` shuts the socket down to end it early.
@@ -949,25 +923,19 @@ class RedisBackend:
 
     def _remove(self, ticket: Ticket, *, check_token: bool) -> bool:
         keys = self._lock_keys(ticket.name)
-        # A ticket of unknown origin (one ``lingering`` found) may have both an owner record and a wake-up list.
+        # A ticket of unknown origin (the head, a late join found by ``discard``) may have both an owner record and a
+        # wake-up list.
         entry = ticket if isinstance(ticket, _Entry) else None
-        self._handed_over.pop(ticket.key, None)
         answer, attempts = self._script(
             f"release lock {ticket.name!r}",
             REMOVE,
             (keys + "q",),
             ticket.key,
-            ticket.revision if check_token else "",
+            ticket.token if check_token else "",
             "" if entry is not None and not entry.owner_stored else "1",
             "" if entry is not None and not entry.woken else "1",
             self._lease_prefix,
         )
-        with self._mutex:
-            tickets = self._tickets.get(ticket.lease_id)
-            if tickets is not None and tickets.get(ticket.key) == ticket:
-                del tickets[ticket.key]
-                if not tickets:
-                    del self._tickets[ticket.lease_id]
         return answer == 1 or attempts > 1
 
     def _evict(self, name: str, member: bytes) -> None:
@@ -984,7 +952,7 @@ class RedisBackend:
             self._lease_prefix,
         )
 
-    def holder(self, name: str) -> Holder | None:
+    def head(self, name: str) -> Head | None:
         keys = self._lock_keys(name)
         while True:
             answer, _ = self._script(f"read holder of lock {name!r}", HEAD, (keys + "q", keys + "owners"))
@@ -995,7 +963,7 @@ class RedisBackend:
             lease_key = self._lease_key(lease_id)
             alive, _ = self._request(f"read holder of lock {name!r}", lease_key, "EXISTS", lease_key)
             if alive:
-                return Holder(
+                holder = Holder(
                     name=name,
                     token=int(token),
                     lease_id=lease_id,
@@ -1003,29 +971,18 @@ class RedisBackend:
                     waiters=waiters,
                     holders=holders,
                 )
+                return Head(Ticket(name=name, key=bytes(member), token=int(token), lease_id=lease_id), holder)
             self._evict(name, member)
 
-    def force_release(self, name: str, token: int) -> bool:
-        # holder() first: it removes dead entries at the head, so the head the script compares is the live holder
-        # an operator saw. The script removes the head only if its token is still ``token``, as one step on the
-        # server, and wakes the waiter behind it like any removal; a release that came first leaves another head
-        # (or none), and the script does nothing.
-        holder = self.holder(name)
-        if holder is None or holder.token != token:
-            return False
-        keys = self._lock_keys(name)
-        answer, attempts = self._script(
-            f"force-release lock {name!r}", FORCE_RELEASE, (keys + "q",), token, self._lease_prefix
-        )
-        return answer == 1 or attempts > 1
-
-    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
+    def discard(self, name: str, lease: Lease, nonce: str) -> int | None:
         queue = self._lock_keys(name) + "q"
-        member = f"{lease_id:x}-{nonce}".encode("ascii")
+        member = f"{lease.id:x}-{nonce}".encode("ascii")
         score, _ = self._request(f"look for a late join of lock {name!r}", queue, "ZSCORE", queue, member)
         if score is None:
             return None
-        return Ticket(name=name, key=member, revision=int(float(score)), lease_id=lease_id)
+        token = int(float(score))
+        self._remove(Ticket(name=name, key=member, token=token, lease_id=lease.id), check_token=True)
+        return token
 
     def write_record(self, ticket: Ticket, value: bytes) -> bool:
         # Redis cannot delete an entry when its lease key expires, so on one server the script also checks the
@@ -1035,7 +992,7 @@ class RedisBackend:
         keys = self._lock_keys(ticket.name)
         script_keys = self._own_lease((keys + "q", keys + "record"), ticket.lease_id)
         what = f"write the record of lock {ticket.name!r}"
-        answer, _ = self._script(what, WRITE_RECORD, script_keys, ticket.key, ticket.revision, value)
+        answer, _ = self._script(what, WRITE_RECORD, script_keys, ticket.key, ticket.token, value)
         return bool(answer == 1)
 
     def read_record(self, name: str) -> bytes | None:
@@ -1051,7 +1008,7 @@ class RedisBackend:
         for start in range(0, len(tickets), batch):
             chunk = tickets[start : start + batch]
             keys = tuple(self._lock_keys(ticket.name) + "q" for ticket in chunk)
-            args = [value for ticket in chunk for value in (ticket.key, ticket.revision)]
+            args = [value for ticket in chunk for value in (ticket.key, ticket.token)]
             answer, _ = self._script("check held locks", MISSING, keys, *args)
             gone.extend(chunk[int(index) - 1] for index in answer)
         return gone
@@ -1104,12 +1061,9 @@ class RedisBackend:
         self._target.close()
 
     def after_fork(self) -> None:
-        # Connections need nothing here: the pools notice the new pid (see the class docstring). The parent's leases
-        # and queue entries are the parent's.
-        self._mutex = threading.Lock()
-        self._lease_ttls = {}
-        self._tickets = {}
-        self._handed_over = {}
+        # Nothing to do: the pools notice the new pid (see the class docstring), and the backend keeps no state of
+        # its own; the parent's leases and queue entries are the parent's.
+        return
 
 
 #: A script's answer for the PTTL of the lease ahead when it could not read it (a Cluster).
@@ -1125,6 +1079,8 @@ class _Entry(Ticket):
     owner_stored: bool = True
     #: A wake-up may wait in its list (not for one that joined at the head: nobody is ever ahead of it).
     woken: bool = True
+    #: The TTL of its lease: no wait of this entry lasts longer.
+    lease_ttl: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,9 @@ import secrets
 import select
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ... import _clock
@@ -88,9 +89,21 @@ from ..._errors import (
     ConfigurationError,
     DistlockError,
 )
-from ..._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from ..._protocol import (
+    Head,
+    Holder,
+    Interrupt,
+    Lease,
+    LeaseGone,
+    LockState,
+    Position,
+    Ticket,
+    Waiter,
+    owner_id,
+    unreachable,
+)
 from ..._retry import Attempt, ErrorTable, retrying
-from ..._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
+from ..._shape import holding, kind_of, lock_state, refuse_mixed, waiting, waits_on
 
 try:
     import sqlalchemy as sa
@@ -417,13 +430,12 @@ def _place(entries: Sequence[_Entry], mine: _Entry) -> Position:
     index = len(entries)
     if holding(kinds)[-1]:
         return Position(held=True, waiters_ahead=index)
-    ours = kinds[-1]
     recheck = min((entry.ttl_left or 0.0 for entry in entries), default=math.inf)
-    if limit_of(ours) > 1:
+    at = waits_on(kinds)
+    if at is None:  # a semaphore slot: any of the entries ahead leaving may let it in
         awaited, semaphore = tuple(entry.id for entry in entries), True
         ahead = entries[-1]
     else:
-        at = max(i for i in range(index) if conflicts(ours, kinds[i])) if ours == READ else index - 1
         ahead, awaited, semaphore = entries[at], (entries[at].id,), False
     return _Place(
         held=False,
@@ -444,6 +456,8 @@ def _same_place(a: Position, b: Position) -> bool:
 
 class SqlTableBackend:
     """Lock primitives in three tables of one SQL database. Thread-safe; new connections after ``fork()``."""
+
+    unsupported: Mapping[str, str] = MappingProxyType({})  # every capability
 
     def __init__(
         self,
@@ -665,8 +679,8 @@ class SqlTableBackend:
         self._removed(connection, name, ids)
 
     def _read_place(self, connection: Connection, ticket: Ticket) -> Position:
-        entries = self._entries(connection, ticket.name, upto=ticket.revision)
-        if not entries or entries[-1].id != ticket.revision:
+        entries = self._entries(connection, ticket.name, upto=ticket.token)
+        if not entries or entries[-1].id != ticket.token:
             return Position(held=False, gone=True)
         *ahead, mine = entries
         dead = [entry for entry in entries if not entry.alive]
@@ -683,10 +697,8 @@ class SqlTableBackend:
         except _NoDatabase as e:
             raise ConfigurationError(str(e)) from e.__cause__
         except BackendUnavailable as e:
-            raise BackendUnavailable(
-                f"could not reach {self.description} within {self.connect_timeout:g} s (connect_timeout); is the "
-                f"database running there? ({e})"
-            ) from e.__cause__
+            hint = f"is the database running there? ({e})"
+            raise BackendUnavailable(unreachable(self.description, self.connect_timeout, hint)) from e.__cause__
 
     def grant_lease(self, ttl: float) -> Lease:
         leases = self._tables.leases
@@ -734,8 +746,8 @@ class SqlTableBackend:
         except BackendError as e:
             log.debug("distlock: could not remove expired leases on %s: %s", self.description, e)
 
-    def keep_alive(self, lease_id: int, timeout: float) -> float:
-        leases = self._tables.leases
+    def keep_alive(self, lease: Lease, timeout: float) -> float:
+        leases, lease_id = self._tables.leases, lease.id
 
         def request(connection: Connection, each: Attempt) -> float:
             # Only a live lease is extended: one that expired may already have lost its entries to a sweep.
@@ -755,8 +767,8 @@ class SqlTableBackend:
         ttl, _ = self._run("lease keep-alive", request, min(timeout, self.request_timeout))
         return ttl
 
-    def revoke_lease(self, lease_id: int) -> None:
-        leases, w = self._tables.leases, self._tables.waiters
+    def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
+        leases, w, lease_id = self._tables.leases, self._tables.waiters, lease.id
 
         def request(connection: Connection, each: Attempt) -> None:
             rows = connection.execute(sa.select(w.c.id, w.c.name).where(w.c.lease_id == lease_id)).all()
@@ -770,7 +782,8 @@ class SqlTableBackend:
 
         self._run(f"revoke lease {lease_id:x}", request)
 
-    def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+    def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+        lease_id = lease.id
         tables = self._tables
         w, leases, locks = tables.waiters, tables.leases, tables.locks
         key = _name_key(name)
@@ -805,17 +818,14 @@ class SqlTableBackend:
                     raise BackendError(f"{what}: {self.description} did not say which id it gave the new entry")
             token = int(found)
             entries = self._entries(connection, name)
-            ours = kind_of(nonce)
-            others = [kind_of(e.nonce) for e in entries if e.alive and family(kind_of(e.nonce)) != family(ours)]
-            if others:
-                # Another kind is queued: leave at once (the rollback takes our entry with it) and say so.
-                raise mismatch(name, ours, others[0])
-            ticket = Ticket(name=name, key=str(token).encode(), revision=token, lease_id=lease_id)
+            # Another kind queued: leave at once (the rollback takes our entry with it) and say so.
+            refuse_mixed(name, kind_of(nonce), (kind_of(e.nonce) for e in entries if e.alive))
+            ticket = Ticket(name=name, key=str(token).encode(), token=token, lease_id=lease_id)
             return ticket, self._read_place(connection, ticket)
 
         (ticket, position), attempts = self._run(what, request)
         if attempts > 1:
-            ticket = Ticket(name=name, key=ticket.key, revision=ticket.revision, lease_id=lease_id, resent=True)
+            ticket = Ticket(name=name, key=ticket.key, token=ticket.token, lease_id=lease_id, resent=True)
         return ticket, position
 
     def _insert_ignore(self, table: sa.Table, **values: Any) -> Any:
@@ -963,9 +973,9 @@ class SqlTableBackend:
         w = self._tables.waiters
 
         def request(connection: Connection, each: Attempt) -> bool:
-            deleted = connection.execute(sa.delete(w).where(w.c.id == ticket.revision, w.c.name == ticket.name))
+            deleted = connection.execute(sa.delete(w).where(w.c.id == ticket.token, w.c.name == ticket.name))
             if deleted.rowcount:
-                self._removed(connection, ticket.name, [ticket.revision])
+                self._removed(connection, ticket.name, [ticket.token])
             return bool(deleted.rowcount)
 
         deleted, attempts = self._run(f"release lock {ticket.name!r}", request)
@@ -983,7 +993,7 @@ class SqlTableBackend:
             key = _name_key(ticket.name)
             connection.execute(sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update())
             row = connection.execute(
-                sa.select(w.c.id).where(w.c.id == ticket.revision, w.c.name == ticket.name).with_for_update()
+                sa.select(w.c.id).where(w.c.id == ticket.token, w.c.name == ticket.name).with_for_update()
             ).first()
             alive = connection.execute(
                 sa.select(leases.c.id).where(leases.c.id == ticket.lease_id, leases.c.expires_at > server_now())
@@ -1009,74 +1019,56 @@ class SqlTableBackend:
     def _live_entries(self, connection: Connection, name: str) -> list[_Entry]:
         return [entry for entry in self._entries(connection, name) if entry.alive]
 
-    def holder(self, name: str) -> Holder | None:
+    def head(self, name: str) -> Head | None:
         entries, _ = self._run(
             f"read holder of lock {name!r}", lambda connection, each: self._live_entries(connection, name), writes=False
         )
         if not entries:
             return None
-        head = entries[0]
+        first = entries[0]
         waiters = waiting([kind_of(entry.nonce) for entry in entries])
-        return Holder(
+        holder = Holder(
             name=name,
-            token=head.id,
-            lease_id=head.lease_id,
-            owner=owner_id(head.owner.encode()),
+            token=first.id,
+            lease_id=first.lease_id,
+            owner=owner_id(first.owner.encode()),
             waiters=waiters,
             holders=len(entries) - waiters,
         )
+        return Head(Ticket(name=name, key=str(first.id).encode(), token=first.id, lease_id=first.lease_id), holder)
 
-    def force_release(self, name: str, token: int) -> bool:
-        # The head stops being the head only by being removed, and an id is never used twice: deleting by the id the
-        # operator saw can only remove that holder, never the waiter that took over.
-        w = self._tables.waiters
-
-        def request(connection: Connection, each: Attempt) -> bool:
-            entries = self._live_entries(connection, name)
-            if not entries or entries[0].id != token:
-                return False
-            deleted = connection.execute(sa.delete(w).where(w.c.id == token, w.c.name == name))
-            if deleted.rowcount:
-                self._removed(connection, name, [token])
-            return bool(deleted.rowcount)
-
-        released, attempts = self._run(f"force release of lock {name!r}", request)
-        return released or attempts > 1
-
-    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
+    def discard(self, name: str, lease: Lease, nonce: str) -> int | None:
         w = self._tables.waiters
         found, _ = self._run(
             f"look for a late join of lock {name!r}",
             lambda connection, each: connection.execute(
-                sa.select(w.c.id).where(w.c.name == name, w.c.nonce == nonce, w.c.lease_id == lease_id)
+                sa.select(w.c.id).where(w.c.name == name, w.c.nonce == nonce, w.c.lease_id == lease.id)
             ).scalar(),
             writes=False,
         )
         if found is None:
             return None
-        return Ticket(name=name, key=str(found).encode(), revision=int(found), lease_id=lease_id)
+        self.dequeue(Ticket(name=name, key=str(found).encode(), token=int(found), lease_id=lease.id))
+        return int(found)
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         leases, w = self._tables.leases, self._tables.waiters
-        by_lease: dict[int, list[Ticket]] = {}
-        for ticket in tickets:
-            by_lease.setdefault(ticket.lease_id, []).append(ticket)
+        if not tickets:
+            return []
+        lease_id = tickets[0].lease_id
 
         def request(connection: Connection, each: Attempt) -> list[Ticket]:
-            gone: list[Ticket] = []
-            for lease_id, held in by_lease.items():
-                alive = connection.execute(
-                    sa.select(leases.c.id).where(leases.c.id == lease_id, leases.c.expires_at > server_now())
-                ).first()
-                if alive is None:
-                    raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
-                present = set(
-                    connection.execute(
-                        sa.select(w.c.id).where(w.c.lease_id == lease_id, w.c.id.in_([t.revision for t in held]))
-                    ).scalars()
-                )
-                gone.extend(ticket for ticket in held if ticket.revision not in present)
-            return gone
+            alive = connection.execute(
+                sa.select(leases.c.id).where(leases.c.id == lease_id, leases.c.expires_at > server_now())
+            ).first()
+            if alive is None:
+                raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
+            present = set(
+                connection.execute(
+                    sa.select(w.c.id).where(w.c.lease_id == lease_id, w.c.id.in_([t.token for t in tickets]))
+                ).scalars()
+            )
+            return [ticket for ticket in tickets if ticket.token not in present]
 
         missing, _ = self._run("check held locks", request, writes=False)
         return missing

@@ -37,7 +37,7 @@ and deletes only when it is still the token the operator saw. What ZooKeeper doe
 create whose connection broke before the answer may still have been applied, and kazoo cannot say. Like kazoo's own
 ``Lock`` (which puts a GUID in the node name for this), the node's name starts with the join's nonce: a retried
 join first looks for a child of the lock with its nonce, and takes that node instead of making a second one; the
-ticket is then marked ``resent``, and ``lingering`` finds, by the same nonce, a node that a still later copy made
+ticket is then marked ``resent``, and ``discard`` finds, by the same nonce, a node that a still later copy made
 after the lock was done with it, so the keeper can remove it.
 
 What can go wrong: servers may be down, restarting or between leaders, and a connection may break mid-request. kazoo
@@ -59,15 +59,35 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ... import _clock
-from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed, ConfigurationError
+from ..._errors import (
+    AuthenticationFailed,
+    BackendError,
+    BackendUnavailable,
+    ClientClosed,
+    ConfigurationError,
+    LockKindMismatch,
+)
 from ..._names import escape_name, unescape_name
-from ..._protocol import Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from ..._protocol import (
+    Head,
+    Holder,
+    Interrupt,
+    Lease,
+    LeaseGone,
+    LockState,
+    Position,
+    Ticket,
+    Waiter,
+    owner_id,
+    unreachable,
+)
 from ..._retry import Attempt, ErrorTable, retrying
-from ..._shape import READ, conflicts, family, holding, kind_of, limit_of, lock_state, mismatch, waiting
+from ..._shape import holding, kind_of, lock_state, refuse_mixed, waiting, waits_on
 
 try:
     from kazoo import exceptions as kz
@@ -126,15 +146,16 @@ def _place_in(parent: str, queue: Sequence[str], index: int) -> Position:
     kinds = [kind_of(child) for child in queue[: index + 1]]
     if holding(kinds)[-1]:
         return Position(held=True, waiters_ahead=index)
-    ours = kinds[-1]
-    if limit_of(ours) > 1:
+    ahead = waits_on(kinds)
+    if ahead is None:
         return _Place(held=False, waiters_ahead=index, queue_ahead=tuple(queue[:index]))
-    ahead = max(i for i in range(index) if conflicts(ours, kinds[i])) if ours == READ else index - 1
     return Position(held=False, ahead=f"{parent}/{queue[ahead]}".encode(), waiters_ahead=index)
 
 
 class ZooKeeperBackend:
     """Lock primitives on one ZooKeeper ensemble. Thread-safe; opens new sessions lazily after ``fork()``."""
+
+    unsupported: Mapping[str, str] = MappingProxyType({})  # every capability
 
     def __init__(
         self,
@@ -360,10 +381,8 @@ class ZooKeeperBackend:
             finally:
                 self._discard_within([client], self.request_timeout)
         except BackendUnavailable as e:
-            raise BackendUnavailable(
-                f"could not reach {self.description} within {self.connect_timeout:g} s "
-                f"(connect_timeout); is ZooKeeper running there? ({e})"
-            ) from e.__cause__
+            hint = f"is ZooKeeper running there? ({e})"
+            raise BackendUnavailable(unreachable(self.description, self.connect_timeout, hint)) from e.__cause__
 
     def grant_lease(self, ttl: float) -> Lease:
         client = self._open(ttl, _clock.now() + self.request_timeout)
@@ -389,7 +408,8 @@ class ZooKeeperBackend:
             raise ClientClosed(f"the distlock client for {self.description} is closed")
         return Lease(id=session_id, ttl=granted)
 
-    def keep_alive(self, lease_id: int, timeout: float) -> float:
+    def keep_alive(self, lease: Lease, timeout: float) -> float:
+        lease_id = lease.id
         try:
             client = self._session(lease_id)
         except LeaseGone:
@@ -407,7 +427,8 @@ class ZooKeeperBackend:
             return 0.0
         return ttl
 
-    def revoke_lease(self, lease_id: int) -> None:
+    def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
+        lease_id = lease.id
         with self._mutex:
             client = self._sessions.pop(lease_id, None)
             self._expired.discard(lease_id)
@@ -429,7 +450,8 @@ class ZooKeeperBackend:
                 if stat is not None and int(stat.ephemeralOwner) == lease_id:
                     self._delete(client, f"{parent}/{child}", what)
 
-    def enqueue(self, name: str, lease_id: int, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+    def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
+        lease_id = lease.id
         client = self._session(lease_id)
         parent = self._lock_path(name)
         what = f"enqueue for lock {name!r}"
@@ -460,17 +482,16 @@ class ZooKeeperBackend:
             self._delete(client, path, what)
             raise LeaseGone(f"{what}: lease {lease_id:x} (a ZooKeeper session) expired on {self.description}")
         ticket = Ticket(
-            name=name, key=path.encode("utf-8"), revision=int(stat.czxid), lease_id=lease_id, resent=attempts > 1
+            name=name, key=path.encode("utf-8"), token=int(stat.czxid), lease_id=lease_id, resent=attempts > 1
         )
         ours = kind_of(nonce)
         parent, _, mine = path.rpartition("/")
         queue = self._on_reader(ticket, lambda client: self._children(client, parent, what))
-        others = [kind_of(child) for child in queue if child != mine and family(kind_of(child)) != family(ours)]
-        if others:
-            # Another kind's entry is queued (a plain lock, another semaphore limit): the rule means nothing
-            # across them, so leave at once and say so.
-            self._delete(client, path, what)
-            raise mismatch(name, ours, others[0])
+        try:
+            refuse_mixed(name, ours, (kind_of(child) for child in queue if child != mine))
+        except LockKindMismatch:
+            self._delete(client, path, what)  # leave at once: nobody may count or pass a refused entry
+            raise
         if mine not in queue:
             return ticket, Position(held=False, gone=True)
         return ticket, _place_in(parent, queue, queue.index(mine))
@@ -590,29 +611,18 @@ class ZooKeeperBackend:
                 return path, found[0], found[1], waiters, len(queue) - waiters
             # The head left between the two reads: read the queue again.
 
-    def holder(self, name: str) -> Holder | None:
-        head = self._head(name)
-        if head is None:
+    def head(self, name: str) -> Head | None:
+        found = self._head(name)
+        if found is None:
             return None
-        _, data, stat, waiters, holders = head
-        return Holder(
-            name=name,
-            token=int(stat.czxid),
-            lease_id=int(stat.ephemeralOwner),
-            owner=owner_id(data),
-            waiters=waiters,
-            holders=holders,
+        path, data, stat, waiters, holders = found
+        token, lease_id = int(stat.czxid), int(stat.ephemeralOwner)
+        holder = Holder(
+            name=name, token=token, lease_id=lease_id, owner=owner_id(data), waiters=waiters, holders=holders
         )
+        return Head(Ticket(name=name, key=path.encode("utf-8"), token=token, lease_id=lease_id), holder)
 
-    def force_release(self, name: str, token: int) -> bool:
-        # The head stops being the head only by being deleted, and a path is never made twice: the czxid check
-        # proves the node we delete is still the holder the operator saw, not the waiter that took over.
-        head = self._head(name)
-        if head is None or int(head[2].czxid) != token:
-            return False
-        return self._delete(self._main_client(), head[0], f"force release of lock {name!r}")
-
-    def lingering(self, name: str, lease_id: int, nonce: str) -> Ticket | None:
+    def discard(self, name: str, lease: Lease, nonce: str) -> int | None:
         client = self._main_client()
         parent = self._lock_path(name)
         what = f"look for a late join of lock {name!r}"
@@ -620,30 +630,27 @@ class ZooKeeperBackend:
         for child in self._children(client, parent, what):
             if child.startswith(f"{nonce}-"):
                 stat = self._stat(client, f"{parent}/{child}", what)
-                if stat is not None and int(stat.ephemeralOwner) == lease_id:
-                    path = f"{parent}/{child}".encode()
-                    return Ticket(name=name, key=path, revision=int(stat.czxid), lease_id=lease_id)
+                if stat is not None and int(stat.ephemeralOwner) == lease.id:
+                    self._delete(client, f"{parent}/{child}", what)
+                    return int(stat.czxid)
         return None
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
-        # One pipelined round per lease: every exists request goes out before the first answer is awaited.
-        by_lease: dict[int, list[Ticket]] = {}
-        for ticket in tickets:
-            by_lease.setdefault(ticket.lease_id, []).append(ticket)
-        gone: list[Ticket] = []
-        for lease_id, held in by_lease.items():
-            client = self._session(lease_id)
+        # One pipelined round: every exists request goes out before the first answer is awaited.
+        if not tickets:
+            return []
+        lease_id = tickets[0].lease_id
+        client = self._session(lease_id)
 
-            def request(each: Attempt, client: KazooClient = client, held: list[Ticket] = held) -> list[Ticket]:
-                results = [client.exists_async(ticket.key.decode("utf-8")) for ticket in held]
-                answers = [self._wait(result, each) for result in results]
-                return [ticket for ticket, stat in zip(held, answers, strict=True) if stat is None]
+        def request(each: Attempt) -> list[Ticket]:
+            results = [client.exists_async(ticket.key.decode("utf-8")) for ticket in tickets]
+            answers = [self._wait(result, each) for result in results]
+            return [ticket for ticket, stat in zip(tickets, answers, strict=True) if stat is None]
 
-            missing, _ = self._call("check held locks", request)
-            if client.client_id is None or client.client_id[0] != lease_id:
-                raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
-            gone.extend(missing)
-        return gone
+        missing, _ = self._call("check held locks", request)
+        if client.client_id is None or client.client_id[0] != lease_id:
+            raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
+        return missing
 
     def _ttl_left(self, session_id: int) -> float | None:
         """The time left of one of our own sessions while it is connected: its whole timeout, which the server

@@ -1,0 +1,86 @@
+"""What a lock handle shares with its client: the backend, the session keeper, and whether the client is open.
+
+Every handle (lock, semaphore, read/write lock, multi-lock, election) is given a :class:`Context` by the
+:class:`~distlock.Client` that made it, never the client itself; the rules that sit on the seam and have more than one
+caller are written here once: a force release is a compare-and-delete of the head at the token the caller saw
+(``Client.force_release`` and ``Lock.take_over``), and an optional capability is refused where a user asks for it.
+
+What can go wrong: every call on a closed client raises ``ClientClosed``, and so does a call under way in another
+thread when the client closed, whatever the backend raised in that race (:meth:`Context.open_for`); asking for a
+capability the backend lacks raises ``ConfigurationError`` with the backend's reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from ._errors import ClientClosed, ConfigurationError
+from ._protocol import RECORDS, Backend, Head, Recording
+from ._session import Keeper
+
+__all__ = ["Context"]
+
+
+class Context:
+    """A client's backend and keeper, and its open/closed state, as its handles see them."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.keeper = Keeper(backend)
+        self.closed = False
+
+    @property
+    def description(self) -> str:
+        return self.backend.description
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ClientClosed(f"this distlock client ({self.description}) is closed")
+
+    @contextlib.contextmanager
+    def open_for(self, what: str) -> Iterator[None]:
+        """Run the block; an error it raises once the client is closed is a symptom of the close: ``ClientClosed``.
+
+        ``Client.close()`` sets ``closed`` before it revokes anything or closes a connection, so an error caused by
+        the close always finds it set.
+        """
+        try:
+            yield
+        except ClientClosed:
+            raise
+        except Exception as e:
+            if not self.closed:
+                raise
+            raise ClientClosed(f"{what}: this distlock client ({self.description}) was closed meanwhile") from e
+
+    def require(self, capability: str, what: str) -> None:
+        """Refuse ``what`` (e.g. ``"semaphore 'jobs'"``) when the backend lacks ``capability``."""
+        reason = self.backend.unsupported.get(capability)
+        if reason is not None:
+            raise ConfigurationError(f"{what} is not available on {self.description}: {reason}")
+
+    def records(self, what: str) -> Recording:
+        """The backend's records, for ``what`` (an election); ``ConfigurationError`` when it keeps none."""
+        self.require(RECORDS, what)
+        if not isinstance(self.backend, Recording):
+            raise ConfigurationError(f"{what} is not available on {self.description}: it keeps no records")
+        return self.backend
+
+    def head(self, name: str) -> Head | None:
+        with self.open_for(f"read lock {name!r}"):
+            return self.backend.head(name)
+
+    def release_at(self, name: str, token: int) -> bool:
+        """Remove lock ``name``'s head if its token is still ``token``; False when nobody holds it or another does.
+
+        Read the head, then remove that ticket with the backend's compare-and-delete (same key, same token). The head
+        stops being the head only by being removed (every later entry has a larger token), so a holder that released
+        meanwhile, and the waiter that took over, fail the compare: a newer holder is never touched. A release racing
+        this is the same compare-and-delete of one key at one token, so whichever comes second finds nothing to do.
+        """
+        head = self.head(name)
+        if head is None or head.ticket.token != token:
+            return False
+        with self.open_for(f"force-release lock {name!r}"):
+            return self.backend.dequeue(head.ticket)
