@@ -105,6 +105,7 @@ from ..._protocol import (
 )
 from ..._retry import Attempt, ErrorTable, retrying
 from ..._shape import MUTEX, kind_of, lock_state, mismatch
+from . import socket_timeout
 
 try:
     import redis
@@ -636,8 +637,7 @@ class RedisBackend:
         self.description = target.description
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
-        # What the connections are made with (see _client): it bounds connecting and its handshake too.
-        self._socket_timeout = min(connect_timeout, request_timeout)
+        self._socket_timeout = socket_timeout(connect_timeout, request_timeout)  # what the connections are made with
         self._mutex = threading.Lock()
         # The TTL granted to each of our leases (whole milliseconds, in seconds): refreshes renew it as granted.
         self._lease_ttls: dict[int, float] = {}
