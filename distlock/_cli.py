@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _sql_tables(url: str, args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from .backends import scheme_of
+    from .backends import parse_url, scheme_of
+    from .backends.sqltable._url import SqlTableConfig
 
     scheme = scheme_of(url.partition("://")[0])
     if scheme is None or scheme.backend != "sqltable":
@@ -97,14 +98,14 @@ def _sql_tables(url: str, args: argparse.Namespace, options: dict[str, Any]) -> 
             file=sys.stderr,
         )
         return BAD_INPUT
+    config = parse_url(url, **options)
+    assert isinstance(config, SqlTableConfig)
     if not args.print_only:
         with connect(url, **options):  # connecting creates what is missing
             pass
-    from ._client import sql_url
     from .backends.sqltable._backend import table_ddl
 
-    parsed, prefix = sql_url(url)
-    print("\n\n".join(f"{statement};" for statement in table_ddl(parsed, prefix)))
+    print("\n\n".join(f"{statement};" for statement in table_ddl(config.url, config.prefix)))
     return 0
 
 

@@ -1,24 +1,11 @@
-"""``connect(url)`` and the client: URL parsing, backend choice by scheme, the client's life cycle across fork.
+"""``connect(url)`` and the client: a backend from its URL, the client's life cycle across fork.
 
-URLs::
-
-    etcd://host:port[,host:port...][?prefix=distlock]          plain gRPC to one member or a cluster
-    etcd://user:password@host:port                             etcd authentication
-    etcds://host:port?ca=/ca.pem[&cert=/c.pem&key=/k.pem]      TLS (system roots without ca=), client certificates
-    redis://[user:password@]host[:port][/db][?prefix=distlock]  one Redis server (port 6379, database 0 by default)
-    rediss://host:port?ca=/ca.pem[&cert=/c.pem&key=/k.pem]     Redis over TLS
-    redis+cluster://host:port[,host:port...]                   Redis Cluster (rediss+cluster:// with TLS)
-    zk://host:port[,host:port...][/chroot][?prefix=distlock]    a ZooKeeper ensemble (port 2181 by default)
-    sql+postgresql://user:password@host:port/database[?prefix=distlock]   a lock table in PostgreSQL (psycopg 3)
-    sql+mysql://user:password@host:port/database               ... in MariaDB or MySQL (PyMySQL; also sql+mariadb://)
-    sql+sqlite:///path/to/file.db                              ... in a SQLite file (this machine's processes only)
-
-Keyword options of :func:`connect` override the URL: ``prefix``, ``username``, ``password``, ``ca_cert``,
-``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect`` may take to reach the service, default
-5 s), ``request_timeout`` (how long one operation may retry before ``BackendUnavailable``, default 5 s), and
-``check=False`` to skip the connection check (then errors show on first use). After ``sql+`` comes a SQLAlchemy
-URL: a driver may be named (``sql+postgresql+psycopg2://``), and query options other than ``prefix`` go to the
-driver; the lock table's tables are ``<prefix>_leases``, ``<prefix>_waiters`` and ``<prefix>_locks``.
+The URL grammars live with their backends (``distlock.backends.parse_url``; the URLs are listed in
+docs/getting-started.md): ``connect(url, **options)`` is ``parse_url(url, **options).open()``, a :class:`Client`
+around the backend, and its ``check()`` unless ``check=False``. Keyword options override the URL: ``prefix``,
+``username``, ``password``, ``ca_cert``, ``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect``
+may take to reach the service, default 5 s), ``request_timeout`` (how long one operation may retry before
+``BackendUnavailable``, default 5 s).
 
 What can go wrong: a malformed URL, an unknown scheme or option, or a missing extra raise ``ConfigurationError``
 before any network traffic; an unreachable service raises ``BackendUnavailable`` within ``connect_timeout``; bad
@@ -35,12 +22,10 @@ import atexit
 import contextlib
 import logging
 import os
-import re
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Self, Unpack
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ._context import Context
 from ._election import AsyncElection, Election
@@ -50,19 +35,13 @@ from ._multi import AsyncMultiLock, MultiLock
 from ._names import validate_name
 from ._protocol import KINDS, Backend, Holder, Inspectable, LockState
 from ._rwlock import AsyncRWLock, RWLock
-from ._seconds import seconds
 from ._session import Keeper
 from ._shape import semaphore_kind
-from .backends import SCHEMES, Scheme, scheme_of
+from .backends import parse_url
 
 __all__ = ["Client", "connect"]
 
 log = logging.getLogger("distlock")
-
-_DEFAULT_PREFIX = "distlock"
-_QUERY = {"prefix", "ca", "cert", "key"}
-_OPTIONS = {"prefix", "username", "password", "ca_cert", "client_cert", "client_key", "connect_timeout"}
-_OPTIONS |= {"request_timeout"}
 
 _clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
@@ -213,17 +192,8 @@ class Client:
 
 def connect(url: str, **options: Any) -> Client:
     """Connect to the lock service at ``url`` (see the module docstring for URLs and options)."""
-    if not isinstance(url, str) or not url:
-        raise ConfigurationError(f"a distlock URL is a non-empty string like 'etcd://127.0.0.1:2379', not {url!r}")
-    parts = urlsplit(url)
-    scheme = scheme_of(parts.scheme)
-    if scheme is None:
-        raise ConfigurationError(
-            f"unsupported distlock URL scheme {parts.scheme!r} in {_redact(url)!r}; use one of: "
-            + ", ".join(f"{s}://" for s in SCHEMES)
-        )
     check = bool(options.pop("check", True))
-    backend = _BUILDERS[scheme.backend](url, parts, scheme, options)
+    backend = parse_url(url, **options).open()
     client = Client(backend)
     if check:
         try:
@@ -232,237 +202,6 @@ def connect(url: str, **options: Any) -> Client:
             client.close()
             raise
     return client
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
-
-
-def _parse_hosts(netloc: str, url: str, default_port: int) -> list[tuple[str, int]]:
-    hosts: list[tuple[str, int]] = []
-    for raw in netloc.split(","):
-        item = raw.strip()
-        if not item:
-            raise ConfigurationError(f"empty host in distlock URL {_redact(url)!r}")
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else ""
-        else:
-            host, _, port_text = item.rpartition(":") if ":" in item else (item, "", "")
-        if not host:
-            raise ConfigurationError(f"missing host in {item!r} of distlock URL {_redact(url)!r}")
-        try:
-            port = int(port_text) if port_text else default_port
-        except ValueError:
-            raise ConfigurationError(f"bad port {port_text!r} in distlock URL {_redact(url)!r}") from None
-        if not 0 < port < 65536:
-            raise ConfigurationError(f"port {port} out of range in distlock URL {_redact(url)!r}")
-        hosts.append((host, port))
-    return hosts
-
-
-def _split_userinfo(netloc: str) -> tuple[str, str | None, str | None]:
-    """``user:password@hosts`` -> (hosts, user, password), percent-decoded."""
-    if "@" not in netloc:
-        return netloc, None, None
-    userinfo, netloc = netloc.rsplit("@", 1)
-    user_text, sep, password_text = userinfo.partition(":")
-    return netloc, unquote(user_text), unquote(password_text) if sep else None
-
-
-def _query(url: str, parts: Any, known: set[str]) -> dict[str, str]:
-    query: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key not in known:
-            raise ConfigurationError(
-                f"unknown option {key!r} in distlock URL {_redact(url)!r}; known: {', '.join(sorted(known))}"
-            )
-        query[key] = value
-    return query
-
-
-def _check_options(options: dict[str, Any], allowed: set[str]) -> None:
-    unknown = set(options) - allowed
-    if unknown:
-        raise ConfigurationError(
-            f"unknown connect() option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(allowed))}"
-        )
-
-
-def _prefix(options: dict[str, Any], query: dict[str, str], forbidden: str = "") -> str:
-    prefix = str(options.get("prefix", query.get("prefix", _DEFAULT_PREFIX)))
-    if not prefix or prefix.endswith("/") or any(ord(c) < 32 or c in forbidden for c in prefix):
-        extra = f" and contain none of {forbidden!r}" if forbidden else ""
-        raise ConfigurationError(f"key prefix {prefix!r} must be non-empty, printable{extra} and not end with '/'")
-    return prefix
-
-
-def _timeouts(options: dict[str, Any]) -> dict[str, float]:
-    return {name: seconds(options.get(name, 5.0), name) for name in ("connect_timeout", "request_timeout")}
-
-
-def _etcd_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
-    from .backends.etcd._backend import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
-
-    netloc, username, password = _split_userinfo(parts.netloc)
-    if not netloc:
-        raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. etcd://127.0.0.1:2379")
-    if parts.path not in ("", "/"):
-        raise ConfigurationError(
-            f"distlock URL {_redact(url)!r} has a path {parts.path!r}; put a key prefix in ?prefix=... instead"
-        )
-    query = _query(url, parts, _QUERY)
-    _check_options(options, _OPTIONS)
-    prefix = _prefix(options, query)
-    username = options.get("username", username)
-    password = options.get("password", password)
-    ca = options.get("ca_cert", query.get("ca"))
-    cert = options.get("client_cert", query.get("cert"))
-    key = options.get("client_key", query.get("key"))
-    if (ca or cert or key) and not scheme.tls:
-        raise ConfigurationError(f"TLS files given for {_redact(url)!r}: use the etcds:// scheme for TLS")
-    timeouts = _timeouts(options)
-    return EtcdBackend(
-        _parse_hosts(netloc, url, scheme.default_port),
-        prefix=prefix,
-        tls=TLSConfig(ca_cert=ca, client_cert=cert, client_key=key) if scheme.tls else None,
-        username=username,
-        password=password,
-        connect_timeout=timeouts["connect_timeout"],
-        request_timeout=timeouts["request_timeout"],
-    )
-
-
-def _redis_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
-    # Imports redis-py: only when a Redis URL is used.
-    from .backends.redis._backend import RedisBackend, RedisCluster, RedisServer
-
-    cluster, tls = scheme.cluster, scheme.tls
-    netloc, username, password = _split_userinfo(parts.netloc)
-    if not netloc:
-        raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. redis://127.0.0.1:6379/0")
-    query = _query(url, parts, _QUERY)
-    _check_options(options, _OPTIONS)
-    # Braces would end the {hash tag} that keeps a lock's keys in one Cluster slot.
-    prefix = _prefix(options, query, forbidden="{}")
-    username = options.get("username", username) or None  # redis://:password@host has an empty user name
-    password = options.get("password", password)
-    ca = options.get("ca_cert", query.get("ca"))
-    cert = options.get("client_cert", query.get("cert"))
-    key = options.get("client_key", query.get("key"))
-    if (ca or cert or key) and not tls:
-        raise ConfigurationError(f"TLS files given for {_redact(url)!r}: use the rediss:// scheme for TLS")
-    if (cert is None) != (key is None):
-        raise ConfigurationError("a TLS client certificate needs both cert and key (or neither)")
-    path = parts.path.strip("/")
-    if cluster and path not in ("", "0"):
-        raise ConfigurationError(f"distlock URL {_redact(url)!r}: Redis Cluster has only database 0")
-    if not path.isdigit() and path != "":
-        raise ConfigurationError(
-            f"distlock URL {_redact(url)!r} has a path {parts.path!r}; it can only name a database number (/0)"
-        )
-    hosts = _parse_hosts(netloc, url, scheme.default_port)
-    if len(hosts) > 1 and not cluster:
-        raise ConfigurationError(
-            f"distlock URL {_redact(url)!r} names {len(hosts)} hosts; use redis+cluster:// for a Redis Cluster"
-        )
-    timeouts = _timeouts(options)
-    connection: dict[str, Any] = {
-        "username": username,
-        "password": password,
-        # Also bounds the connection handshake (AUTH, ...): a paused server fails connect() in connect_timeout.
-        "socket_timeout": min(timeouts["connect_timeout"], timeouts["request_timeout"]),
-        "socket_connect_timeout": min(timeouts["connect_timeout"], timeouts["request_timeout"]),
-    }
-    if tls:
-        connection.update(ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key)
-        for path_option, label in ((ca, "CA certificate"), (cert, "client certificate"), (key, "client key")):
-            if path_option is not None and not os.access(path_option, os.R_OK):
-                raise ConfigurationError(f"cannot read the Redis {label} file {path_option!r}")
-    target = RedisCluster(hosts, tls, connection) if cluster else RedisServer(hosts[0], int(path or 0), tls, connection)
-    return RedisBackend(
-        target,
-        prefix=prefix,
-        connect_timeout=timeouts["connect_timeout"],
-        request_timeout=timeouts["request_timeout"],
-    )
-
-
-def _zookeeper_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
-    from .backends.zookeeper._backend import ZooKeeperBackend  # imports kazoo: only when a zk URL is used
-
-    netloc, username, _ = _split_userinfo(parts.netloc)
-    if not netloc:
-        raise ConfigurationError(f"distlock URL {_redact(url)!r} names no host; e.g. zk://127.0.0.1:2181")
-    if username is not None or "username" in options or "password" in options:
-        raise ConfigurationError(f"distlock URL {_redact(url)!r}: ZooKeeper authentication is not supported")
-    query = _query(url, parts, {"prefix"})
-    _check_options(options, {"prefix", "connect_timeout", "request_timeout"})
-    timeouts = _timeouts(options)
-    return ZooKeeperBackend(
-        _parse_hosts(netloc, url, scheme.default_port),
-        prefix=_prefix(options, query),
-        chroot=unquote(parts.path),
-        connect_timeout=timeouts["connect_timeout"],
-        request_timeout=timeouts["request_timeout"],
-    )
-
-
-def sql_url(url: str, prefix_option: object = None) -> tuple[Any, str]:
-    """The SQLAlchemy URL after ``sql+`` in a distlock URL (``postgresql`` made ``postgresql+psycopg``, ``mysql``
-    and ``mariadb`` made ``...+pymysql`` when no driver is named) and the table prefix (``?prefix=``, or
-    ``prefix_option`` when given); ``ConfigurationError`` for a URL SQLAlchemy cannot parse or a prefix that is not
-    a plain SQL name."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url.partition("+")[2])
-    except (ArgumentError, ValueError) as e:
-        raise ConfigurationError(f"distlock URL {_redact(url)!r} is not a SQLAlchemy URL after 'sql+': {e}") from e
-    backend, _, driver = parsed.drivername.partition("+")
-    default = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql"}.get(backend)
-    if default is not None and not driver:
-        parsed = parsed.set(drivername=f"{backend}+{default}")
-    query = dict(parsed.query)
-    given = query.pop("prefix", _DEFAULT_PREFIX)
-    prefix = str(prefix_option if prefix_option is not None else given)
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,40}", prefix):
-        raise ConfigurationError(
-            f"table prefix {prefix!r} must be a plain SQL name: a letter or _, then up to 40 letters, digits or _"
-        )
-    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise ConfigurationError(
-            f"distlock URL {_redact(url)!r} names no SQLite file (an in-memory database is one process's only); "
-            "e.g. sql+sqlite:///var/lib/app/locks.db"
-        )
-    return parsed.set(query=query), prefix
-
-
-def _sqltable_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
-    from .backends.sqltable._backend import SqlTableBackend  # imports SQLAlchemy: only when a SQL URL is used
-
-    _check_options(options, {"prefix", "connect_timeout", "request_timeout"})
-    parsed, prefix = sql_url(url, options.get("prefix"))
-    timeouts = _timeouts(options)
-    return SqlTableBackend(
-        parsed,
-        prefix=prefix,
-        connect_timeout=timeouts["connect_timeout"],
-        request_timeout=timeouts["request_timeout"],
-    )
-
-
-_BUILDERS: dict[str, Callable[[str, Any, Scheme, dict[str, Any]], Backend]] = {
-    "etcd": _etcd_backend,
-    "redis": _redis_backend,
-    "zookeeper": _zookeeper_backend,
-    "sqltable": _sqltable_backend,
-}
 
 
 def _after_fork_in_child() -> None:

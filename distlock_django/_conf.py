@@ -17,8 +17,8 @@ One validator, :func:`validate`, judges a ``DISTLOCK`` value against the table :
 default, check id, what it allows) and returns every problem at once. The system checks (``checks.py``) report its
 problems as ``manage.py check`` messages; :func:`conf` runs the same validator on first use and raises
 ``ConfigurationError`` listing every bad key, so a setting that passes the checks also works at run time. Durations
-go through :func:`distlock.seconds`; the URL and ``OPTIONS`` are judged by ``distlock.connect(url, check=False)``,
-which parses them without any traffic.
+go through :func:`distlock.seconds`; the URL and ``OPTIONS`` are judged by ``distlock.backends.parse_url``, which
+parses them without side effects (no connection, no file read).
 
 Values are read on every use (cheap: cached until ``setting_changed`` fires), never written back into
 ``settings``. What can go wrong: a bad value raises ``ConfigurationError`` naming the key (``DISTLOCK["TTL"]``) on
@@ -37,15 +37,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-import distlock
 from distlock import ConfigurationError, seconds
-from distlock.backends import SCHEMES, scheme_of
+from distlock.backends import SCHEMES, Scheme, parse_url, scheme_of
 
 from ._rules import compile_rules
 
@@ -137,13 +136,17 @@ def _database_url(alias: str, what: str) -> str:
     return f"sql+{vendor}://{credentials}{host}{port}/{quote(name, safe='')}"
 
 
+def _scheme(url: str) -> Scheme | None:
+    return scheme_of(url.partition("://")[0])
+
+
 def _url(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{what} must be a non-empty str, not {type(value).__name__}: {value!r}")
-    parts = urlsplit(value)
-    if parts.scheme == DJANGO_SCHEME:
-        return _database_url(parts.netloc or "default", what)
-    if scheme_of(urlsplit(value).scheme) is None:
+    scheme, _, rest = value.partition("://")
+    if scheme == DJANGO_SCHEME:  # distlock_django's own "django://<alias>", no distlock URL
+        return _database_url(rest.partition("/")[0].partition("?")[0] or "default", what)
+    if _scheme(value) is None:
         schemes = ", ".join(f"{name}://" for name in SCHEMES)
         raise ConfigurationError(f"{what} = {value!r} is not a distlock URL; its scheme must be one of {schemes}")
     return value
@@ -254,17 +257,18 @@ def _unknown_key(key: object) -> Problem:
     )
 
 
-def _connect_error(url: str, options: dict[str, Any]) -> str | None:
+def _parse_error(url: str, options: dict[str, Any]) -> str | None:
     try:
-        distlock.connect(url, **{**options, "check": False}).close()
+        parse_url(url, **{key: value for key, value in options.items() if key != "check"})  # check: connect()'s own
     except ConfigurationError as e:
         return str(e)
     return None
 
 
 def _client_problems(url: str, options: dict[str, Any]) -> list[Problem]:
-    """What ``connect()`` would refuse: a client library not installed, a malformed URL, a bad option."""
-    scheme = scheme_of(urlsplit(url).scheme)
+    """What ``connect()`` would refuse before any traffic: a client library not installed, a malformed URL, a bad
+    option (parsed by ``parse_url``, which reads no TLS file: an unreadable one shows on first use)."""
+    scheme = _scheme(url)
     assert scheme is not None  # _url() checked it
     missing = [module for module in scheme.requires if importlib.util.find_spec(module) is None]
     if missing:
@@ -275,10 +279,10 @@ def _client_problems(url: str, options: dict[str, Any]) -> list[Problem]:
                 f"pip install 'distlock-fenced[{scheme.extra}]'",
             )
         ]
-    error = _connect_error(url, {})
+    error = _parse_error(url, {})
     if error is not None:
         return [SETTINGS["URL"].problem(f'DISTLOCK["URL"]: {error}')]
-    error = _connect_error(url, options) if options else None
+    error = _parse_error(url, options) if options else None
     if error is not None:
         return [SETTINGS["OPTIONS"].problem(f'DISTLOCK["OPTIONS"]: {error}')]
     return []

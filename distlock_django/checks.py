@@ -4,8 +4,8 @@ The settings are judged by the same validator ``conf()`` runs on first use (``_c
 reported at once, one message per bad key, each with the key's own id:
 
 - ``distlock.E001`` ``DISTLOCK`` is not a dict;
-- ``distlock.E002`` ``URL`` (a scheme of ``distlock.backends.SCHEMES``, parsed by ``distlock.connect(url,
-  check=False)``, so the checks accept exactly the URLs ``connect()`` accepts);
+- ``distlock.E002`` ``URL`` (a scheme of ``distlock.backends.SCHEMES``, parsed by ``distlock.backends.parse_url``,
+  the grammar ``connect()`` parses with; TLS files and SQL drivers are first opened when it connects);
 - ``distlock.E003`` ``RULES``; ``distlock.E005`` the URL's backend client library is not installed;
 - ``distlock.E006`` ``OPTIONS``, ``E007`` ``TTL``, ``E008`` ``TIMEOUT``, ``E009`` ``KEY_PREFIX``, ``E010``
   ``FENCING``, ``E011`` ``CONTENTION_STATUS``, ``E012`` ``RETRY_AFTER``, ``E013`` ``CONFLICT_STATUS``;

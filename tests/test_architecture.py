@@ -1,4 +1,5 @@
-"""The layout holds: no import cycle between library modules, no private name imported across packages.
+"""The layout holds: no import cycle between library modules, no private name imported across packages, no distlock
+URL parsed outside the backends.
 
 Every module of ``distlock``, ``distlock_django``, ``distlock_sqla``, ``benchmarks`` and ``faults`` is parsed (not
 imported) with ``ast``. An import counts wherever it is written — at module level or inside a function — except under
@@ -195,8 +196,46 @@ def test_benchmarks_share_only_public_names() -> None:
     assert not private, "benchmark modules import private names of other benchmark modules:\n" + "\n".join(private)
 
 
+#: The URL parsers of the standard library and SQLAlchemy: a module that reaches for one is parsing a URL.
+URL_PARSERS = frozenset({"urlsplit", "urlparse", "parse_qs", "parse_qsl", "make_url"})
+#: Where distlock URLs are parsed: the backends' grammars, and the reference backend's (``memory://``) beside it.
+URL_GRAMMARS = ("distlock.backends", "distlock.testing._memory")
+
+
+def _url_parsing(module: str, source: str) -> list[str]:
+    """Every import, call or mention of a URL parser in ``module``'s ``source`` (``module:line: name``)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=module)):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.Attribute | ast.Name):
+            names = [node.attr if isinstance(node, ast.Attribute) else node.id]
+        else:
+            continue
+        found += [f"{module}:{node.lineno}: {name}" for name in names if name.rpartition(".")[2] in URL_PARSERS]
+    return found
+
+
+@pytest.mark.parametrize("package", ["distlock", "distlock_django", "distlock_sqla"])
+def test_no_url_is_parsed_outside_the_backends(package: str) -> None:
+    """The library takes URLs only as distlock URLs, and their grammars live with the backends (``parse_url``): a
+    URL parser anywhere else in the library would be a second grammar of one of them. Django's integration reads
+    ``DATABASES`` (dicts, which it turns into a ``sql+`` URL with ``quote``) and its own ``django://<alias>`` (split
+    at ``://``): neither needs a parser. Tests, benchmarks and scripts may parse what they like."""
+    parsing = [
+        found
+        for module, path in MODULES.items()
+        if module.split(".")[0] == package and not any(module == g or module.startswith(g + ".") for g in URL_GRAMMARS)
+        for found in _url_parsing(module, path.read_text())
+    ]
+    assert not parsing, "URL parsing outside distlock.backends (use distlock.backends.parse_url):\n" + "\n".join(
+        parsing
+    )
+
+
 def test_the_rules_catch_what_they_are_for() -> None:
-    """The checks above would see a violation: a cycle, a private import across packages, a TYPE_CHECKING import."""
+    """The checks above would see a violation: a cycle, a private import across packages, a TYPE_CHECKING import, a
+    URL parser."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert _private_crossing(Import("distlock_sqla._ops", "distlock._errors", ("ConfigurationError",), 1))
     assert _private_crossing(Import("distlock.celery._task", "distlock", ("_held",), 1))
@@ -204,5 +243,8 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert not _private_crossing(Import("distlock.celery._task", "distlock", ("Lock",), 1))
     assert not _private_crossing(Import("distlock._lock", "distlock._fence", ("Fence",), 1))
     assert not _private_crossing(Import("benchmarks.redis_locks", "benchmarks._harness", ("Run",), 1))
+    assert _url_parsing("m", "import urllib.parse\nurllib.parse.urlsplit(url)\n") == ["m:2: urlsplit"]
+    assert _url_parsing("m", "from sqlalchemy.engine import make_url as parse\n") == ["m:1: make_url"]
+    assert _url_parsing("m", "scheme = url.partition('://')[0]\n") == []
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n")
     assert [ast.unparse(node) for node in _statements(tree)] == ["from typing import TYPE_CHECKING", "import b"]

@@ -29,7 +29,7 @@ def test_exported_names_stay_exported() -> None:
 
 
 def test_the_scheme_table_is_public() -> None:
-    assert set(distlock.backends.__all__) == {"SCHEMES", "Scheme", "scheme_of"}
+    assert set(distlock.backends.__all__) == {"SCHEMES", "BackendConfig", "Scheme", "parse_url", "scheme_of"}
     schemes = {"etcd", "etcds", "redis", "rediss", "redis+cluster", "rediss+cluster", "zk"}
     schemes |= {"sql+postgresql", "sql+mysql", "sql+mariadb", "sql+sqlite"}
     assert schemes <= set(distlock.backends.SCHEMES)

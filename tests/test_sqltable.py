@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from _support import SQL_TABLES, Worker, wait_until, waiters
 
 import distlock
+import distlock.backends
 from distlock._cli import main
-from distlock._client import sql_url
 from distlock.testing import MariaDBServer, PostgresServer
 
 TTL = 2
@@ -29,7 +29,8 @@ TTL = 2
 def fenced_row(backend_url: str) -> Iterator[tuple[str, str]]:
     """A table with one fenced row (id 1, value 0, fence_token 0) in the lock table's database: (SQLAlchemy URL,
     table name); dropped after the test."""
-    database = sql_url(backend_url)[0].render_as_string(hide_password=False)
+    config: Any = distlock.backends.parse_url(backend_url)
+    database = config.url.render_as_string(hide_password=False)
     table_name = f"fenced_{uuid.uuid4().hex[:8]}"
     engine = sa.create_engine(database)
     table = sa.Table(

@@ -41,8 +41,8 @@ from typing import TypeVar
 import pytest
 
 import distlock
-from distlock._client import _redact
 from distlock.backends import SCHEMES, scheme_of
+from distlock.backends._url import redact
 from distlock.testing._cleanup import remove_keys
 from distlock.testing._etcd import EtcdServer
 from distlock.testing._redis import RedisServer
@@ -100,7 +100,7 @@ def _setting(config: pytest.Config, name: str, env: str | None = None) -> str | 
 def _backend_of(url: str) -> str:
     scheme = scheme_of(url.partition("://")[0])
     if scheme is None:
-        pytest.fail(f"distlock: {_redact(url)!r} is no distlock URL; use one of: {', '.join(SCHEMES)}", pytrace=False)
+        pytest.fail(f"distlock: {redact(url)!r} is no distlock URL; use one of: {', '.join(SCHEMES)}", pytrace=False)
     return scheme.backend
 
 
@@ -113,11 +113,11 @@ def _given_url(config: pytest.Config, backend: str) -> str:
             pytrace=False,
         )
     if _backend_of(url) != backend:
-        pytest.fail(f"distlock_{backend}_noproc: --distlock-url {_redact(url)!r} is not a {backend} URL", pytrace=False)
+        pytest.fail(f"distlock_{backend}_noproc: --distlock-url {redact(url)!r} is not a {backend} URL", pytrace=False)
     try:
         distlock.connect(url).close()
     except distlock.DistlockError as exc:
-        pytest.fail(f"distlock: the server at --distlock-url {_redact(url)!r} does not answer: {exc}", pytrace=False)
+        pytest.fail(f"distlock: the server at --distlock-url {redact(url)!r} does not answer: {exc}", pytrace=False)
     return url
 
 

@@ -109,6 +109,7 @@ from ..._protocol import (
 )
 from ..._retry import Attempt, ErrorTable, retrying
 from ..._shape import kind_of, lock_state, mismatch
+from . import socket_timeout
 
 try:
     import redis
@@ -629,8 +630,7 @@ class RedisBackend:
         self.description = target.description
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
-        # What the connections are made with (see _client): it bounds connecting and its handshake too.
-        self._socket_timeout = min(connect_timeout, request_timeout)
+        self._socket_timeout = socket_timeout(connect_timeout, request_timeout)  # what the connections are made with
         self.unsupported: Mapping[str, str] = MappingProxyType(
             {
                 KINDS: "semaphores and read/write locks need one Redis server (their scripts read every holder's "

@@ -104,6 +104,7 @@ from ..._protocol import (
 )
 from ..._retry import Attempt, ErrorTable, retrying
 from ..._shape import holding, kind_of, lock_state, refuse_mixed, waiting, waits_on
+from . import driver_extra
 
 try:
     import sqlalchemy as sa
@@ -128,12 +129,6 @@ log = logging.getLogger("distlock")
 
 _R = TypeVar("_R")
 
-#: The distlock extra that installs each default driver.
-_DRIVER_EXTRAS = {
-    "postgresql+psycopg": "sqltable-postgresql",
-    "mysql+pymysql": "sqltable-mysql",
-    "mariadb+pymysql": "sqltable-mysql",
-}
 #: How often a waiter without notifications (MariaDB, SQLite) reads its place again, in seconds.
 POLL_INTERVAL = 0.05
 #: Wake this long after a lease ahead would expire, so that the server sees it expired when we read.
@@ -510,7 +505,7 @@ class SqlTableBackend:
                 f"{self.description}: SQLAlchemy has no dialect or driver {url.drivername!r}"
             ) from e
         except ImportError as e:
-            extra = _DRIVER_EXTRAS.get(url.drivername)
+            extra = driver_extra(url.drivername)
             hint = (
                 f"pip install 'distlock-fenced[{extra}]'" if extra else f"install the driver {url.drivername!r} names"
             )
