@@ -228,8 +228,6 @@ class TLSConfig:
             except OSError as e:
                 raise ConfigurationError(f"cannot read the etcd {what} file {path!r}: {e.strerror}") from e
 
-        if (self.client_cert is None) != (self.client_key is None):
-            raise ConfigurationError("a TLS client certificate needs both cert and key (or neither)")
         return grpc.ssl_channel_credentials(
             root_certificates=read(self.ca_cert, "CA certificate"),
             private_key=read(self.client_key, "client key"),
@@ -326,10 +324,7 @@ class EtcdBackend:
         connect_timeout: float = 5.0,
         request_timeout: float = 5.0,
     ) -> None:
-        if not endpoints:
-            raise ConfigurationError("an etcd URL needs at least one host:port")
-        if (username is None) != (password is None):
-            raise ConfigurationError("etcd authentication needs both a user name and a password")
+        # The URL's grammar (``_url.parse``) checked the endpoints, the credentials and the TLS files' pairing.
         self._endpoints = endpoints
         self._prefix = prefix.encode("utf-8") + b"/"
         self._tls = tls

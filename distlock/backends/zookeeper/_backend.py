@@ -166,12 +166,8 @@ class ZooKeeperBackend:
         connect_timeout: float = 5.0,
         request_timeout: float = 5.0,
     ) -> None:
-        if not hosts:
-            raise ConfigurationError("a ZooKeeper URL needs at least one host:port")
+        # The URL's grammar (``_url.parse``) checked the hosts and the path's components.
         base = "/".join(part for part in (chroot.strip("/"), prefix) if part)
-        parts = base.split("/")
-        if any(part in ("", ".", "..") for part in parts):
-            raise ConfigurationError(f"ZooKeeper path /{base} has an empty, '.' or '..' component")
         self._root = "/" + base
         self._hosts = ",".join(_format_host(h, p) for h, p in hosts)
         self.connect_timeout = connect_timeout
