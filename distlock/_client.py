@@ -12,6 +12,7 @@ URLs::
     sql+postgresql://user:password@host:port/database[?prefix=distlock]   a lock table in PostgreSQL (psycopg 3)
     sql+mysql://user:password@host:port/database               ... in MariaDB or MySQL (PyMySQL; also sql+mariadb://)
     sql+sqlite:///path/to/file.db                              ... in a SQLite file (this machine's processes only)
+    memory://[name][?prefix=distlock]                          in this process's memory, for tests (distlock.testing)
 
 Keyword options of :func:`connect` override the URL: ``prefix``, ``username``, ``password``, ``ca_cert``,
 ``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect`` may take to reach the service, default
@@ -469,11 +470,18 @@ def _sqltable_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, A
     )
 
 
+def _memory_backend(url: str, parts: Any, scheme: Scheme, options: dict[str, Any]) -> Backend:
+    from .testing._memory import parse
+
+    return parse(url, scheme, options).open()
+
+
 _BUILDERS: dict[str, Callable[[str, Any, Scheme, dict[str, Any]], Backend]] = {
     "etcd": _etcd_backend,
     "redis": _redis_backend,
     "zookeeper": _zookeeper_backend,
     "sqltable": _sqltable_backend,
+    "memory": _memory_backend,
 }
 
 

@@ -86,6 +86,8 @@ SCHEMES: Mapping[str, Scheme] = MappingProxyType(
             _sql("mysql", "sqltable-mysql", ("pymysql",), 3306),
             _sql("mariadb", "sqltable-mysql", ("pymysql",), 3306),
             _sql("sqlite", "sqltable", (), 0),
+            # In this process only, for tests: distlock.testing._memory (no extra, no server).
+            Scheme("memory", backend="memory", extra="", requires=(), default_port=0),
         )
     }
 )
