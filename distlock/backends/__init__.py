@@ -16,6 +16,7 @@ of its own.
   ``sql+mysql://`` for MariaDB and MySQL, ``sql+sqlite:///``; a driver may be named, ``sql+postgresql+psycopg2://``),
   needs the ``sqltable`` extra (SQLAlchemy), and a driver: ``sqltable-postgresql`` (psycopg 3) or
   ``sqltable-mysql`` (PyMySQL); SQLite needs none.
+- ``memory://``: the in-memory reference backend, ``distlock.testing._memory`` (no extra; one process only).
 
 ``distlock.connect(url)`` chooses the backend by the URL's scheme, from the one table :data:`SCHEMES` (scheme ->
 backend, extra to install, default port, TLS, cluster), and imports the backend's module only then: importing
