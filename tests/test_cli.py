@@ -204,6 +204,7 @@ def test_python_m_distlock_fails_without_a_traceback() -> None:
         assert result.stdout == "" and "Traceback" not in result.stderr and result.stderr.strip(), argv
 
 
+@pytest.mark.real_server
 def test_python_m_distlock_lists_locks(
     held_with_two_waiters: list[distlock.Lock], backend_url: str, lock_name: str
 ) -> None:

@@ -128,6 +128,7 @@ def test_bad_input_is_refused_where_it_is_given(client: distlock.Client, lock_na
         make(client, lock_name)
 
 
+@pytest.mark.real_server
 def test_a_frozen_leader_is_deposed_within_its_ttl_and_its_late_write_is_refused(
     client: distlock.Client,
     backend_url: str,

@@ -139,6 +139,7 @@ def _force_release_from_the_cli(url: str, name: str, token: int) -> subprocess.C
     )
 
 
+@pytest.mark.real_server
 def test_a_holder_frozen_by_sigstop_released_from_the_cli_sees_lost_when_resumed(
     client: distlock.Client, backend_url: str, lock_name: str
 ) -> None:
@@ -177,6 +178,7 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
+@pytest.mark.real_server
 def test_a_frozen_holders_fenced_write_is_refused_after_a_force_release_from_the_cli(
     client: distlock.Client, backend_url: str, engine: Engine
 ) -> None:

@@ -24,6 +24,7 @@ def worker(backend_url: str) -> Iterator[Worker]:
     w.close()
 
 
+@pytest.mark.real_server
 def test_sigkilled_holder_frees_the_lock_within_ttl(client: distlock.Client, worker: Worker, lock_name: str) -> None:
     answer = worker.call(op="acquire", name=lock_name, ttl=TTL)
     assert answer["acquired"]
@@ -46,6 +47,7 @@ def test_sigkilled_holder_frees_the_lock_within_ttl(client: distlock.Client, wor
     waiter.release()
 
 
+@pytest.mark.real_server
 def test_sigstopped_holder_loses_the_lock_and_cannot_release_the_new_one(
     client: distlock.Client, worker: Worker, lock_name: str
 ) -> None:
@@ -67,6 +69,7 @@ def test_sigstopped_holder_loses_the_lock_and_cannot_release_the_new_one(
     second.release()
 
 
+@pytest.mark.real_server
 def test_a_waiter_whose_lease_expires_does_not_get_the_lock(
     backend_url: str, client: distlock.Client, worker: Worker, lock_name: str
 ) -> None:

@@ -72,6 +72,7 @@ def _increment(url: str, name: str, path: str, rounds: int, barrier: object) -> 
                 counter.write_text(str(value + 1))
 
 
+@pytest.mark.real_server
 def test_eight_processes_increment_a_counter_exactly(backend_url: str, lock_name: str, tmp_path: Path) -> None:
     counter = tmp_path / "counter"
     counter.write_text("0")

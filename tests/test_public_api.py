@@ -31,10 +31,21 @@ def test_exported_names_stay_exported() -> None:
 def test_the_scheme_table_is_public() -> None:
     assert set(distlock.backends.__all__) == {"SCHEMES", "BackendConfig", "Scheme", "parse_url", "scheme_of"}
     schemes = {"etcd", "etcds", "redis", "rediss", "redis+cluster", "rediss+cluster", "zk"}
-    schemes |= {"sql+postgresql", "sql+mysql", "sql+mariadb", "sql+sqlite"}
+    schemes |= {"sql+postgresql", "sql+mysql", "sql+mariadb", "sql+sqlite", "memory"}
     assert schemes <= set(distlock.backends.SCHEMES)
     assert distlock.backends.scheme_of("SQL+PostgreSQL+psycopg2") is distlock.backends.SCHEMES["sql+postgresql"]
     assert distlock.backends.scheme_of("sql+oracle") is None
+
+
+def test_the_testing_harness_names_stay_exported() -> None:
+    import distlock.testing
+
+    harness = {"EtcdCluster", "EtcdServer", "MariaDBServer", "MemoryBackend", "PostgresServer", "RedisServer"}
+    harness |= {"ZooKeeperEnsemble", "ZooKeeperServer", "parse_prometheus_text"}
+    assert set(distlock.testing.__all__) >= harness
+    assert distlock.testing.__all__ == sorted(distlock.testing.__all__)
+    for name in distlock.testing.__all__:
+        assert hasattr(distlock.testing, name), name
 
 
 @pytest.mark.parametrize(

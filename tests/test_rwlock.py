@@ -155,6 +155,7 @@ def test_async_rwlock(client: distlock.Client, lock_name: str) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.real_server
 def test_no_writer_overlaps_any_holder_across_processes(backend_url: str, lock_name: str, tmp_path: Path) -> None:
     db_path = str(tmp_path / "log.db")
     slotworker.setup(db_path)

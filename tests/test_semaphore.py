@@ -114,6 +114,7 @@ async def _cancel_a_waiter(client: distlock.Client, lock_name: str) -> None:
 TTL = 2  # etcd's smallest lease with its default election timeout
 
 
+@pytest.mark.real_server
 def test_a_killed_holders_slot_frees_within_its_ttl(client: distlock.Client, backend_url: str, lock_name: str) -> None:
     worker = Worker(backend_url)
     try:
@@ -196,6 +197,7 @@ def most_at_once(spans: list[tuple[float, float, int, int]]) -> tuple[int, list[
     return best
 
 
+@pytest.mark.real_server
 def test_twelve_processes_on_limit_three_under_stop_and_kill(backend_url: str, lock_name: str, tmp_path: Path) -> None:
     db_path = str(tmp_path / "log.db")
     slotworker.setup(db_path)

