@@ -51,7 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
 #: The contract files that run on the SQL lock table in every database; the other backend-neutral tests run on it in
 #: PostgreSQL only, unless ``DISTLOCK_TEST_SQL_TABLES=all``. The backend is one module for the three databases: what
 #: differs per database (its SQL, its clock, notifications or polling, its errors) these files exercise, and running
-#: the rest three times would add about three minutes to a suite that must stay under 25 (tests/test_sqltable.py).
+#: the rest three times would add about three minutes to a suite that must stay under 25
+#: (tests/backends/sqltable/test_sqltable.py).
 SQL_CONTRACT_FILES = frozenset(
     {"test_lock_basics.py", "test_lock_faults.py", "test_lock_queue.py", "test_lock_revoked.py"}
     | {"test_semaphore.py", "test_rwlock.py", "test_sqltable.py", "test_kind_mismatch.py"}

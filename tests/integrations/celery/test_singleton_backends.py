@@ -1,5 +1,5 @@
 """The singleton races on the other lock services: the run-mode overlap check and the SIGKILLed worker, with a worker
-of its own on Redis, ZooKeeper and a PostgreSQL lock table (the rest of ``tests/celery`` runs on etcd).
+of its own on Redis, ZooKeeper and a PostgreSQL lock table (the rest of ``tests/integrations/celery`` runs on etcd).
 
 The two tests are ``test_singleton_run``'s own, collected here a second time: this module's fixtures replace the
 session's etcd-backed app and worker, so they run unchanged against each lock service.

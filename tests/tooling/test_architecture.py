@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL = ("distlock", "distlock_django", "distlock_sqla", "benchmarks", "faults")
 #: The packages the private-name rule is about: a subpackage named here is a package of its own.
 PACKAGES = ("distlock", "distlock.celery", "distlock_django", "distlock_sqla", "benchmarks", "faults")

@@ -1,7 +1,7 @@
 """Each extra works installed alone: a fresh venv gets only ``distlock-fenced[<extra>]`` from a wheel of this checkout
-and runs that integration's smoke script (``tests/extras/``) against the session's real servers. The ``dev`` extra
-installs everything, so nothing else in the suite could see an integration that imports a package its extra lacks (as
-``distlock_sqla`` once needed greenlet, which SQLAlchemy 2.1 stopped installing)."""
+and runs that integration's smoke script (``tests/tooling/extras/``) against the session's real servers. The ``dev``
+extra installs everything, so nothing else in the suite could see an integration that imports a package its extra
+lacks (as ``distlock_sqla`` once needed greenlet, which SQLAlchemy 2.1 stopped installing)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_extra_installed_alone_runs_its_integration(
     subprocess.run([python, "-m", "pip", "install", "-q", f"{wheel}[{extras}]"], check=True, timeout=600)
     # Run from an empty directory: the checkout's packages must not shadow the installed ones.
     result = subprocess.run(
-        [python, str(REPO / "tests" / "extras" / script), request.getfixturevalue(url_fixture)],
+        [python, str(Path(__file__).with_name("extras") / script), request.getfixturevalue(url_fixture)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
