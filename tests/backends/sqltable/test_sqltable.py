@@ -22,6 +22,8 @@ from distlock._cli import main
 from distlock._client import sql_url
 from distlock.testing import MariaDBServer, PostgresServer
 
+pytestmark = pytest.mark.every_database
+
 TTL = 2
 
 

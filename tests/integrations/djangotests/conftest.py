@@ -23,11 +23,9 @@ from urllib.parse import urlsplit
 import django
 import pytest
 from _support import child_env
+from django.test import Client
 from django.test.utils import override_settings
 from pytest_django import DjangoDbBlocker
-
-# tests/conftest.py's ``client`` fixture is a distlock client; Django's test clients are pytest-django's own.
-from pytest_django.fixtures import async_client, client  # noqa: F401
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,6 +58,12 @@ def _load_mysql_backend_on_pymysql() -> None:
     finally:
         for name in [name for name in sys.modules if name == "MySQLdb" or name.startswith("MySQLdb.")]:
             del sys.modules[name]
+
+
+@pytest.fixture
+def django_client() -> Client:
+    """Django's test client (pytest-django's ``client``: in tests/, ``client`` is a distlock client everywhere)."""
+    return Client()
 
 
 @pytest.fixture(scope="session", autouse=True)
