@@ -17,28 +17,43 @@ lock, a lost lock or a refused write in a view become 423/409 responses (see ``_
 outside a view raises ``StaleFenceToken``.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._client import get_client, reset_client
-from ._conf import conf, lock_name
-from ._decorators import distributed_lock
-from ._middleware import DistributedLockMiddleware
-from .operations import InstallFenceGuard
-
 if TYPE_CHECKING:
+    from ._client import get_client, reset_client
+    from ._conf import conf, lock_name
+    from ._decorators import distributed_lock
+    from ._middleware import DistributedLockMiddleware
     from ._models import FencedManager, FencedModel, FencedQuerySet, fence_of
+    from .operations import InstallFenceGuard
 
-_MODELS = {"FencedManager", "FencedModel", "FencedQuerySet", "fence_of"}
+# Every name is imported on first use: models can only be defined once the app registry is ready (and this package is
+# itself an installed app), and the package must import without Django, for its pytest plugin (_pytest_plugin.py)
+# is loaded by every pytest run where distlock-fenced is installed.
+_HOMES = {
+    "get_client": "_client",
+    "reset_client": "_client",
+    "conf": "_conf",
+    "lock_name": "_conf",
+    "distributed_lock": "_decorators",
+    "DistributedLockMiddleware": "_middleware",
+    "FencedManager": "_models",
+    "FencedModel": "_models",
+    "FencedQuerySet": "_models",
+    "fence_of": "_models",
+    "InstallFenceGuard": "operations",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # Models can only be defined once the app registry is ready, and this package is itself an installed app:
-    # the model names are imported on first use, not when Django imports the app.
-    if name in _MODELS:
-        from . import _models
-
-        return getattr(_models, name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
 
 
 __all__ = [

@@ -9,8 +9,8 @@ Not installed with the library: run it from a checkout, as root for the partitio
   ``distlock_sqla`` or ``distlock_django``, on SQLite or PostgreSQL, recording every operation.
 - ``_checker``: lost updates, token order and duplicates from the final database state; availability from the
   history.
-- ``_runner``: ``--short`` (CI, tests/test_fault_matrix.py) and ``--long`` (writes docs/VERIFICATION.md, a section
-  per etcd version given with ``--etcd-bin`` and one for Redis).
+- ``_runner``: ``--short`` (CI, tests/tooling/test_fault_matrix.py) and ``--long`` (writes docs/VERIFICATION.md, a
+  section per etcd version given with ``--etcd-bin`` and one for Redis).
 """
 
 from faults._checker import Result, check

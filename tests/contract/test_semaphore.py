@@ -21,6 +21,8 @@ from _support import Worker, acquire_in_background, child_env, load_module, wait
 
 import distlock
 
+pytestmark = pytest.mark.every_database
+
 
 def _holders(client: distlock.Client, name: str) -> list[int]:
     return [entry.token for state in client.inspect() if state.name == name for entry in state.holders]

@@ -1,7 +1,7 @@
 """Each extra works installed alone: a fresh venv gets only ``distlock-fenced[<extra>]`` from a wheel of this checkout
-and runs that integration's smoke script (``tests/extras/``) against the session's real servers. The ``dev`` extra
-installs everything, so nothing else in the suite could see an integration that imports a package its extra lacks (as
-``distlock_sqla`` once needed greenlet, which SQLAlchemy 2.1 stopped installing)."""
+and runs that integration's smoke script (``tests/tooling/extras/``) against the session's real servers. The ``dev``
+extra installs everything, so nothing else in the suite could see an integration that imports a package its extra
+lacks (as ``distlock_sqla`` once needed greenlet, which SQLAlchemy 2.1 stopped installing)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,20 @@ from pathlib import Path
 import pytest
 from _support import REPO
 
+from distlock.testing._plugin import ThrowawayServers
+
+#: extras -> the smoke script, and the backend of the lock service it runs on (the plugin's throwaway one).
 SMOKES = {
-    "etcd": ("smoke_etcd.py", "etcd_url"),
-    "etcd,sqlalchemy": ("smoke_sqlalchemy.py", "etcd_url"),
-    "etcd,django": ("smoke_django.py", "etcd_url"),
-    "etcd,celery": ("smoke_celery.py", "etcd_url"),
-    "etcd,otel": ("smoke_otel.py", "etcd_url"),
-    "redis": ("smoke_redis.py", "redis_url"),
-    "zookeeper": ("smoke_zookeeper.py", "zookeeper_url"),
-    "sqltable": ("smoke_sqltable.py", "sqlite_table_url"),
-    "sqltable-postgresql": ("smoke_sqltable.py", "postgres_table_url"),
-    "sqltable-mysql": ("smoke_sqltable.py", "mariadb_table_url"),
+    "etcd": ("smoke_etcd.py", "etcd"),
+    "etcd,sqlalchemy": ("smoke_sqlalchemy.py", "etcd"),
+    "etcd,django": ("smoke_django.py", "etcd"),
+    "etcd,celery": ("smoke_celery.py", "etcd"),
+    "etcd,otel": ("smoke_otel.py", "etcd"),
+    "redis": ("smoke_redis.py", "redis"),
+    "zookeeper": ("smoke_zookeeper.py", "zookeeper"),
+    "sqltable": ("smoke_sqltable.py", "sqlite-table"),
+    "sqltable-postgresql": ("smoke_sqltable.py", "postgres-table"),
+    "sqltable-mysql": ("smoke_sqltable.py", "mariadb-table"),
 }
 
 
@@ -42,16 +45,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("extras", list(SMOKES))
 def test_extra_installed_alone_runs_its_integration(
-    extras: str, wheel: Path, tmp_path: Path, request: pytest.FixtureRequest
+    extras: str, wheel: Path, tmp_path: Path, distlock_servers: ThrowawayServers
 ) -> None:
-    script, url_fixture = SMOKES[extras]
+    script, backend = SMOKES[extras]
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     subprocess.run([python, "-m", "pip", "install", "-q", f"{wheel}[{extras}]"], check=True, timeout=600)
     # Run from an empty directory: the checkout's packages must not shadow the installed ones.
     result = subprocess.run(
-        [python, str(REPO / "tests" / "extras" / script), request.getfixturevalue(url_fixture)],
+        [python, str(Path(__file__).with_name("extras") / script), distlock_servers.url(backend)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

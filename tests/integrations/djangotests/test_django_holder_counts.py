@@ -45,12 +45,12 @@ def slots(db_alias: str) -> Iterator[list[distlock.Lock]]:
             waiter.release()
 
 
-def test_the_release_page_shows_holders_and_waiters_apart(slots: list[distlock.Lock], client: Client) -> None:
+def test_the_release_page_shows_holders_and_waiters_apart(slots: list[distlock.Lock], django_client: Client) -> None:
     user = User.objects.create_user("operator", password="x", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="force_release_lock"))
-    client.force_login(user)
+    django_client.force_login(user)
     first = slots[0]
-    page = client.get(RELEASE, {"name": first.name, "token": str(first.token)})
+    page = django_client.get(RELEASE, {"name": first.name, "token": str(first.token)})
     html = page.content.decode()
     assert page.status_code == 200
     assert '<td id="distlock-holders">3</td>' in html

@@ -1,5 +1,5 @@
 """The singleton races on the other lock services: the run-mode overlap check and the SIGKILLed worker, with a worker
-of its own on Redis, ZooKeeper and a PostgreSQL lock table (the rest of ``tests/celery`` runs on etcd).
+of its own on Redis, ZooKeeper and a PostgreSQL lock table (the rest of ``tests/integrations/celery`` runs on etcd).
 
 The two tests are ``test_singleton_run``'s own, collected here a second time: this module's fixtures replace the
 session's etcd-backed app and worker, so they run unchanged against each lock service.
@@ -20,13 +20,14 @@ from test_singleton_run import (  # type: ignore[import-not-found]  # noqa: F401
     test_ten_concurrent_delays_never_overlap_and_each_duplicate_gets_its_option,
 )
 
+pytestmark = pytest.mark.parametrize("backend", ["redis", "zookeeper", "postgres-table"], indirect=True)
 
-@pytest.fixture(scope="module", params=["redis", "zookeeper", "postgres_table"])
-def celery_urls(request: pytest.FixtureRequest, redis_url: str) -> tuple[str, str, str, str]:
-    """Broker and result backend as the session's; the lock service named by the parameter; a queue of its own."""
+
+@pytest.fixture(scope="module")
+def celery_urls(backend: str, backend_url: str, redis_url: str) -> tuple[str, str, str, str]:
+    """Broker and result backend as the session's; the lock service of ``backend``; a queue of its own."""
     base = redis_url.rsplit("/", 1)[0]
-    lock_url = str(request.getfixturevalue(f"{request.param}_url"))
-    return f"{base}/0", f"{base}/1", lock_url, f"distlock-tests-{request.param}-{uuid.uuid4().hex[:8]}"
+    return f"{base}/0", f"{base}/1", backend_url, f"distlock-tests-{backend}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")

@@ -174,7 +174,8 @@ def test_alembic_offline_sql_is_the_guard_sql(dialect: str) -> None:
     assert [str(ddl.compile(dialect=compiled_dialect)) for ddl in guard.drop_ddl(dialect)] == list(expected.drop)
 
 
-# distlock_sqla's claims and fenced writes are tested on SQLite and PostgreSQL (tests/sqla): here under the guard.
+# distlock_sqla's claims and fenced writes are tested on SQLite and PostgreSQL (tests/integrations/sqla): here under the
+# guard.
 @pytest.mark.parametrize("engine", ["sqlite", "postgresql"], indirect=True)
 def test_fenced_writes_still_land_under_the_guard(guarded: sa.Engine, client: distlock.Client, row_id: int) -> None:
     with Session(guarded) as session, session.begin():

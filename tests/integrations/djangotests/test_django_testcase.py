@@ -133,13 +133,13 @@ class PostgresTestCase(SQLiteTestCase):
 
 
 @pytest.mark.django_db(databases=["default", "pg"])
-def test_db_two_requests_both_answer_200(db_alias: str, client: Client) -> None:
-    two_requests_both_answer_200(client)
+def test_db_two_requests_both_answer_200(db_alias: str, django_client: Client) -> None:
+    two_requests_both_answer_200(django_client)
 
 
 @pytest.mark.django_db(databases=["default", "pg"])
-def test_db_a_request_racing_a_held_lock_answers_423(db_alias: str, client: Client) -> None:
-    a_request_racing_a_held_lock_answers_423(client, f"db-{db_alias}")
+def test_db_a_request_racing_a_held_lock_answers_423(db_alias: str, django_client: Client) -> None:
+    a_request_racing_a_held_lock_answers_423(django_client, f"db-{db_alias}")
 
 
 @pytest.mark.django_db(databases=["default", "pg"])
@@ -148,15 +148,15 @@ def test_db_own_atomic_blocks_release_when_they_end(db_alias: str) -> None:
 
 
 @pytest.mark.django_db(databases=["default", "pg"])
-def test_db_atomic_requests_release_when_the_request_ends(db_alias: str, client: Client) -> None:
-    atomic_requests_release_when_the_request_ends(client, db_alias)
+def test_db_atomic_requests_release_when_the_request_ends(db_alias: str, django_client: Client) -> None:
+    atomic_requests_release_when_the_request_ends(django_client, db_alias)
 
 
 @pytest.mark.django_db(databases=["default", "pg"])
-def test_db_nothing_is_lost_at_teardown(db_alias: str, client: Client, caplog: pytest.LogCaptureFixture) -> None:
+def test_db_nothing_is_lost_at_teardown(db_alias: str, django_client: Client, caplog: pytest.LogCaptureFixture) -> None:
     """The lock of a view called in the test is gone before the test's transaction rolls back: no "lock lost"."""
     account = Account.objects.create(balance=0)
-    assert client.post(f"/increment/{account.pk}/").status_code == 200
+    assert django_client.post(f"/increment/{account.pk}/").status_code == 200
     with distributed_lock("tc:late"):
         pass
     assert not _held(f"account:{account.pk}")

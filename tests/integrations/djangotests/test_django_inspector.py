@@ -85,10 +85,10 @@ def _user(name: str, *, staff: bool = True, can_release: bool = False) -> User:
 
 
 @pytest.fixture
-def operator(client: Client) -> Client:
+def operator(django_client: Client) -> Client:
     """A staff user with the force-release permission, logged in."""
-    client.force_login(_user("operator", can_release=True))
-    return client
+    django_client.force_login(_user("operator", can_release=True))
+    return django_client
 
 
 def test_the_command_lists_holder_and_waiter(queue: Queue) -> None:
@@ -119,14 +119,14 @@ def test_the_command_force_releases_only_at_the_token_given(queue: Queue) -> Non
         call_command("distlock", force_release=queue.name, stdout=io.StringIO())
 
 
-def test_the_page_is_for_staff_only(queue: Queue, client: Client) -> None:
-    assert client.get(PAGE)["Location"].startswith("/admin/login/")
+def test_the_page_is_for_staff_only(queue: Queue, django_client: Client) -> None:
+    assert django_client.get(PAGE)["Location"].startswith("/admin/login/")
     user = _user("clerk", staff=False)
-    client.force_login(user)
-    assert client.get(PAGE)["Location"].startswith("/admin/login/")
+    django_client.force_login(user)
+    assert django_client.get(PAGE)["Location"].startswith("/admin/login/")
     user.is_staff = True
     user.save()
-    page = client.get(PAGE)
+    page = django_client.get(PAGE)
     assert page.status_code == 200
     html = page.content.decode()
     assert '<div class="breadcrumbs">' in html and "Distributed locks" in html  # the admin's own template
@@ -141,14 +141,14 @@ def _row(html: str, name: str) -> str:
     return html[start : html.index("</tr>", start)]
 
 
-def test_the_admin_index_links_to_the_page(queue: Queue, client: Client) -> None:
-    client.force_login(_user("clerk"))
-    index = client.get("/admin/").content.decode()
+def test_the_admin_index_links_to_the_page(queue: Queue, django_client: Client) -> None:
+    django_client.force_login(_user("clerk"))
+    index = django_client.get("/admin/").content.decode()
     assert 'href="/admin/distlock_django/distributedlock/"' in index
     assert ">Distributed locks</a>" in index
-    assert client.get("/admin/distlock_django/distributedlock/")["Location"] == PAGE
+    assert django_client.get("/admin/distlock_django/distributedlock/")["Location"] == PAGE
     # "Recent actions" links a release to the lock: the page, searched for it.
-    lock_url = client.get(f"/admin/distlock_django/distributedlock/{queue.name}/change/")["Location"]
+    lock_url = django_client.get(f"/admin/distlock_django/distributedlock/{queue.name}/change/")["Location"]
     assert lock_url == f"{PAGE}?q=dj%3Ainspect%3A1"
 
 
@@ -196,11 +196,11 @@ def test_many_locks_are_paged(db_alias: str, operator: Client) -> None:
             lock.release()
 
 
-def test_force_release_needs_the_permission(queue: Queue, client: Client) -> None:
-    client.force_login(_user("clerk"))
+def test_force_release_needs_the_permission(queue: Queue, django_client: Client) -> None:
+    django_client.force_login(_user("clerk"))
     query = {"name": queue.name, "token": str(queue.holder.token)}
-    assert client.get(RELEASE, query).status_code == 403
-    assert client.post(RELEASE, query).status_code == 403
+    assert django_client.get(RELEASE, query).status_code == 403
+    assert django_client.post(RELEASE, query).status_code == 403
     assert get_client().holder(queue.name).token == queue.holder.token  # type: ignore[union-attr]
     assert not LogEntry.objects.exists()
 

@@ -13,6 +13,8 @@ from _support import POLLING, LockServer, queue_and_record, queued, wait_until
 
 import distlock
 
+pytestmark = pytest.mark.every_database
+
 
 def _hold_once(client: distlock.Client, name: str) -> None:
     with client.lock(name, ttl=30, timeout=60):

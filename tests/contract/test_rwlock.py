@@ -14,6 +14,8 @@ from test_semaphore import TTL, holds, most_at_once, slotworker, start_workers, 
 
 import distlock
 
+pytestmark = pytest.mark.every_database
+
 
 def _state(client: distlock.Client, name: str) -> distlock.LockState | None:
     return next((state for state in client.inspect() if state.name == name), None)

@@ -2,8 +2,8 @@
 finds out (``lost``, ``ensure_held()``, ``on_lost``), and a token that is not the holder's any more changes nothing.
 
 Every test runs on each backend (``client``/``backend_url``). Two freeze a holder in another process with SIGSTOP and
-force-release it from the command line (``python -m distlock``), as an operator would; the last runs on a Redis
-Cluster (``redis_cluster``, the fixture of ``test_redis_cluster.py``).
+force-release it from the command line (``python -m distlock``), as an operator would. On a Redis Cluster:
+``tests/backends/redis/test_redis_cluster.py``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from sqla.models import Base, Counter, make_engine
 from sqla.test_sqla_races import SqlaWorker
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
-from test_redis_cluster import _names_on_every_master, redis_cluster  # noqa: F401 (a fixture, used by name)
 
 import distlock
-from distlock.testing import RedisServer
 from distlock_sqla import claim_one
 
 #: Long enough that no lease in these tests expires while its holder is frozen: what ends a hold here is the force
@@ -219,22 +217,3 @@ def test_a_frozen_holders_fenced_write_is_refused_after_a_force_release_from_the
     with engine.connect() as conn:
         value, token = conn.execute(select(Counter.value, Counter.fence_token).where(Counter.id == row_id)).one()
     assert (value, token) == (1, b_token[0])  # B's increment stands, A's late write did not land
-
-
-def test_on_a_redis_cluster_only_the_released_lock_is_lost(redis_cluster: list[RedisServer]) -> None:  # noqa: F811
-    """A Cluster checks each held lock with a script of its own (one slot per script): locks spread over every
-    master, one of them force-released, only that one is lost."""
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{server.port}" for server in redis_cluster)
-    names = _names_on_every_master("force", 1)
-    with distlock.connect(url) as client, distlock.connect(url) as operator:
-        locks = [client.lock(name, ttl=3) for name in names]
-        assert all(lock.acquire() for lock in locks)
-        released, *kept = locks
-        assert operator.force_release(released.name, released.token) is True
-        wait_until(lambda: released.lost, 10, "the released lock to be lost")
-        assert not any(lock.lost for lock in kept)
-        assert operator.force_release(kept[0].name, released.token) is False
-        assert operator.holder(released.name) is None
-        for lock in kept:
-            lock.ensure_held(verify=True)
-            lock.release()

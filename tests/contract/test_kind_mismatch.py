@@ -22,6 +22,8 @@ from _support import wait_until
 import distlock
 from distlock._cli import main
 
+pytestmark = pytest.mark.every_database
+
 #: Concurrent joiners per case (the issue: "ten clients join a name at once").
 JOINERS = 12
 TTL = 10

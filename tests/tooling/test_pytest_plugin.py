@@ -1,6 +1,7 @@
-"""The pytest plugin for users' test suites (``distlock.testing._plugin``), tested as pytest plugins are: pytester
-writes a small users' project and runs pytest on it in a subprocess, which loads the plugin through its ``pytest11``
-entry point exactly as a user's pytest does (nothing here passes ``-p``).
+"""The pytest plugins for users' test suites (``distlock.testing._plugin``, and Django's fixture in
+``distlock_django._pytest_plugin``), tested as pytest plugins are: pytester writes a small users' project and runs
+pytest on it in a subprocess, which loads the plugins through their ``pytest11`` entry points exactly as a user's
+pytest does (``-p`` only where the installed metadata predates an entry point, see `DJANGO_PLUGIN`).
 
 Each project's last word is the server's: no key is left on it, checked inside the session (the throwaway server
 is gone after it) or, with ``--distlock-url``/``$DISTLOCK_TEST_URL`` pointing at this test's own server, after it.
@@ -9,10 +10,15 @@ is gone after it) or, with ``--distlock-url``/``$DISTLOCK_TEST_URL`` pointing at
 from __future__ import annotations
 
 import os
+import tomllib
+from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
+from _support import REPO
 
 import distlock.testing
+from distlock.testing._plugin import THROWAWAY
 
 pytest_plugins = ["pytester"]
 
@@ -84,7 +90,7 @@ def test_pytest_help_lists_the_options(project: pytest.Pytester) -> None:
         [
             "distlock: lock servers and clients for tests:",
             "*--distlock-url=URL*",
-            "*--distlock-backend={etcd,redis}*",
+            f"*--distlock-backend={{{','.join(THROWAWAY)}}}*",
             "*--distlock-etcd-bin=PATH*",
             "*--distlock-redis-bin=PATH*",
             "*--distlock-prefix=PREFIX*",
@@ -111,6 +117,45 @@ def test_an_existing_server_is_left_without_keys(
     result = project.runpytest_subprocess()
     result.assert_outcomes(passed=2)
     assert keys_on(server) == []
+
+
+GIVEN_URL_TESTS = """
+def test_a_lock(distlock_client, distlock_url, distlock_{backend}_noproc):
+    assert distlock_{backend}_noproc == distlock_url
+    with distlock_client.lock("order:42", ttl=10) as lock:
+        assert distlock_client.holder("order:42").token == lock.token
+"""
+
+
+@pytest.mark.parametrize("backend", ["zookeeper", "sqltable"])
+def test_a_given_url_of_each_backend_gives_a_working_client(
+    project: pytest.Pytester, backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if backend == "zookeeper":
+        url = str(request.getfixturevalue("zookeeper_url"))
+    else:
+        url = f"sql+sqlite:///{tmp_path / 'locks.db'}"
+    project.makepyfile(test_given=GIVEN_URL_TESTS.format(backend=backend))
+    project.runpytest_subprocess(f"--distlock-url={url}").assert_outcomes(passed=1)
+
+
+EVERY_BACKEND_TESTS = """
+import pytest
+
+
+BACKENDS = ["zookeeper", "postgres-table", "mariadb-table", "sqlite-table"]
+
+
+@pytest.mark.parametrize("distlock_url", BACKENDS, indirect=True)
+def test_a_lock(distlock_client, distlock_url):
+    with distlock_client.lock("order:42", ttl=10) as lock:
+        assert distlock_client.holder("order:42").token == lock.token
+"""
+
+
+def test_a_test_runs_on_each_throwaway_backend_it_names(project: pytest.Pytester) -> None:
+    project.makepyfile(test_every=EVERY_BACKEND_TESTS)
+    project.runpytest_subprocess().assert_outcomes(passed=4)
 
 
 def test_noproc_without_a_url_says_what_to_pass(project: pytest.Pytester) -> None:
@@ -223,6 +268,22 @@ class ItemTests(TestCase):
 """
 
 
+#: How a project's pytest gets distlock_django's plugin: by its entry point, or by name where the installed metadata
+#: predates that entry point (an editable install made before it; ``pip install -e .`` again registers it).
+DJANGO_PLUGIN = (
+    ()
+    if any(ep.value == "distlock_django._pytest_plugin" for ep in entry_points(group="pytest11"))
+    else ("-p", "distlock_django._pytest_plugin")
+)
+
+
+def test_each_plugin_is_an_entry_point_and_distlock_s_knows_no_django() -> None:
+    with (REPO / "pyproject.toml").open("rb") as f:
+        plugins = tomllib.load(f)["project"]["entry-points"]["pytest11"]
+    assert plugins == {"distlock": "distlock.testing._plugin", "distlock_django": "distlock_django._pytest_plugin"}
+    assert "distlock_django" not in vars(distlock.testing._plugin)
+
+
 # Two of its four tests are TestCase-style: they pass once distlock_django releases at the view's own end when the
 # only open atomic blocks are the test case's own (see DJANGO_TESTS).
 def test_django_views_under_pytest_django(
@@ -235,13 +296,13 @@ def test_django_views_under_pytest_django(
         test_views=DJANGO_TESTS,
     )
     monkeypatch.setenv("DISTLOCK_TEST_URL", etcd_server.url)
-    result = project.runpytest_subprocess()
+    result = project.runpytest_subprocess(*DJANGO_PLUGIN)
     result.assert_outcomes(passed=4)
     assert keys_on(etcd_server) == []
 
 
 def test_distlock_django_without_pytest_django_says_what_to_install(project: pytest.Pytester) -> None:
     project.makepyfile("def test_view(distlock_django):\n    pass\n")
-    result = project.runpytest_subprocess("-p", "no:django")
+    result = project.runpytest_subprocess(*DJANGO_PLUGIN, "-p", "no:django")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*distlock_django needs pytest-django: pip install pytest-django*"])

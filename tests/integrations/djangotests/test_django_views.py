@@ -30,7 +30,7 @@ def _held(name: str) -> bool:
     return get_client().holder(lock_name(name)) is not None
 
 
-def test_two_simultaneous_requests_one_200_one_423(db_alias: str, client: Client, settings: Settings) -> None:
+def test_two_simultaneous_requests_one_200_one_423(db_alias: str, django_client: Client, settings: Settings) -> None:
     gate = views.GATES.setdefault("g1", threading.Event())
     entered = views.ENTERED.setdefault("g1", threading.Event())
     gate.clear()
@@ -40,7 +40,7 @@ def test_two_simultaneous_requests_one_200_one_423(db_alias: str, client: Client
     thread.start()
     try:
         assert entered.wait(10), "the first request never got the lock"
-        second = client.get("/gate/g1/")
+        second = django_client.get("/gate/g1/")
         assert second.status_code == 423
         assert second["Retry-After"] == str(conf()["RETRY_AFTER"])
         body = second.content.decode()
@@ -57,32 +57,36 @@ def test_two_simultaneous_requests_one_200_one_423(db_alias: str, client: Client
     thread.start()
     try:
         assert entered.wait(10)
-        assert client.get("/gate/g1/").status_code == 409
+        assert django_client.get("/gate/g1/").status_code == 409
     finally:
         gate.set()
         thread.join(10)
 
 
-def test_a_stale_write_in_a_view_answers_409(db_alias: str, client: Client) -> None:
+def test_a_stale_write_in_a_view_answers_409(db_alias: str, django_client: Client) -> None:
     account = Account.objects.create(balance=1)
     Account.objects.filter(pk=account.pk).update(fence_token=2**62)  # a newer holder has claimed the row
-    response = client.post(f"/stale/{account.pk}/")
+    response = django_client.post(f"/stale/{account.pk}/")
     assert response.status_code == 409
     assert Account.objects.get().balance == 1
     assert not _held(f"account:{account.pk}")
 
 
-def test_a_stale_write_under_the_middleware_answers_409_as_under_the_decorator(db_alias: str, client: Client) -> None:
+def test_a_stale_write_under_the_middleware_answers_409_as_under_the_decorator(
+    db_alias: str, django_client: Client
+) -> None:
     account = Account.objects.create(balance=1)
     Account.objects.filter(pk=account.pk).update(fence_token=2**62)  # a newer holder has claimed the row
-    response = client.post(f"/mw/stale/{account.pk}/")
+    response = django_client.post(f"/mw/stale/{account.pk}/")
     assert response.status_code == 409
-    assert response.content == client.post(f"/stale/{account.pk}/").content  # the decorator's answer
+    assert response.content == django_client.post(f"/stale/{account.pk}/").content  # the decorator's answer
     assert Account.objects.get().balance == 1
     assert not _held(f"mw:{account.pk}")
 
 
-def test_async_view_under_asgi_and_class_based_view(db_alias: str, client: Client, async_client: AsyncClient) -> None:
+def test_async_view_under_asgi_and_class_based_view(
+    db_alias: str, django_client: Client, async_client: AsyncClient
+) -> None:
     async def call() -> Any:
         return await async_client.get("/async/7/")
 
@@ -90,14 +94,14 @@ def test_async_view_under_asgi_and_class_based_view(db_alias: str, client: Clien
     assert response.status_code == 200
     assert response.json() == {"lock": "dj:async:7", "held": True}
     assert not _held("async:7")
-    response = client.post("/cbv/8/")
+    response = django_client.post("/cbv/8/")
     assert response.status_code == 200
     assert response.json() == {"lock": "dj:cbv:8", "family": "cbv:{pk}"}  # the metrics' label: the template
     assert not _held("cbv:8")
 
 
-def test_middleware_holds_the_lock_until_the_last_chunk_is_sent(db_alias: str, client: Client) -> None:
-    response: Any = client.get("/stream/s1/")
+def test_middleware_holds_the_lock_until_the_last_chunk_is_sent(db_alias: str, django_client: Client) -> None:
+    response: Any = django_client.get("/stream/s1/")
     assert response.status_code == 200
     chunks = iter(response.streaming_content)
     assert next(chunks) == b"chunk 0\n"
@@ -107,9 +111,9 @@ def test_middleware_holds_the_lock_until_the_last_chunk_is_sent(db_alias: str, c
     assert not _held("stream:s1")
 
 
-def test_middleware_rules_choose_views_and_methods(db_alias: str, client: Client) -> None:
-    assert client.post("/mw/x/").json() == {"lock": "dj:mw:x"}
-    assert client.get("/mw/x/").json() == {"lock": None}  # default methods: unsafe ones only
+def test_middleware_rules_choose_views_and_methods(db_alias: str, django_client: Client) -> None:
+    assert django_client.post("/mw/x/").json() == {"lock": "dj:mw:x"}
+    assert django_client.get("/mw/x/").json() == {"lock": None}  # default methods: unsafe ones only
     assert not _held("mw:x")
 
 
@@ -261,13 +265,13 @@ def test_eight_processes_increment_a_balance_through_a_real_server_exactly(
     print(f"400 locked increments over HTTP in {time.monotonic() - started:.1f} s")
 
 
-def test_atomic_requests_release_after_the_request_commits(db_alias: str, client: Client) -> None:
+def test_atomic_requests_release_after_the_request_commits(db_alias: str, django_client: Client) -> None:
     account = Account.objects.create(balance=0)
     settings_dict = connections[db_alias].settings_dict
     settings_dict["ATOMIC_REQUESTS"] = True
     views.PROBES.clear()
     try:
-        response = client.post(f"/probed/{account.pk}/")
+        response = django_client.post(f"/probed/{account.pk}/")
     finally:
         settings_dict["ATOMIC_REQUESTS"] = False
     assert response.status_code == 200

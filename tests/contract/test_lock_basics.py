@@ -12,6 +12,8 @@ from _support import wait_until, waiters
 
 import distlock
 
+pytestmark = pytest.mark.every_database
+
 
 def test_acquire_release_and_token(client: distlock.Client, lock_name: str) -> None:
     lock = client.lock(lock_name, ttl=5)

@@ -1,5 +1,6 @@
 """The Redis backend on a real 3-master Redis Cluster (``redis+cluster://``): scripts stay in one slot, tokens and
-FIFO order hold, and a lock whose holder's lease (in another slot, often on another master) is gone is free."""
+FIFO order hold, a lock whose holder's lease (in another slot, often on another master) is gone is free, and a
+force release loses the one lock released."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from _support import queue_and_record
+from _support import queue_and_record, wait_until
 
 import distlock
 from distlock.testing import RedisServer
@@ -114,4 +115,23 @@ def test_inspect_lists_the_locks_of_every_master(cluster_url: str) -> None:
         listed = [state.name for state in client.inspect() if state.name in names]
         assert listed == names
         for lock in locks:
+            lock.release()
+
+
+def test_on_a_redis_cluster_only_the_released_lock_is_lost(redis_cluster: list[RedisServer]) -> None:
+    """A Cluster checks each held lock with a script of its own (one slot per script): locks spread over every
+    master, one of them force-released, only that one is lost."""
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{server.port}" for server in redis_cluster)
+    names = _names_on_every_master("force", 1)
+    with distlock.connect(url) as client, distlock.connect(url) as operator:
+        locks = [client.lock(name, ttl=3) for name in names]
+        assert all(lock.acquire() for lock in locks)
+        released, *kept = locks
+        assert operator.force_release(released.name, released.token) is True
+        wait_until(lambda: released.lost, 10, "the released lock to be lost")
+        assert not any(lock.lost for lock in kept)
+        assert operator.force_release(kept[0].name, released.token) is False
+        assert operator.holder(released.name) is None
+        for lock in kept:
+            lock.ensure_held(verify=True)
             lock.release()

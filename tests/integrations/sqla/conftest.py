@@ -1,4 +1,4 @@
-"""Fixtures for the SQLAlchemy integration: each database test runs on SQLite and on PostgreSQL.
+"""Fixtures for the SQLAlchemy integration: each database test runs on SQLite and on PostgreSQL, its locks on etcd.
 
 ``db`` gives a fresh database per test: a SQLite file in the test's temporary directory, or a schema of its own in
 the session's PostgreSQL (``postgres_dsn``: a real server the root fixtures start), selected with ``search_path``
@@ -20,8 +20,6 @@ from sqla.models import Base, make_async_engine, make_engine
 from sqlalchemy import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
-
-import distlock
 
 
 @dataclass(frozen=True)
@@ -89,19 +87,12 @@ def sessions(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-@pytest.fixture
-def lock_url(request: pytest.FixtureRequest) -> str:
-    """The lock service of a test: the session's etcd, or the backend a test names by indirect parametrization
-    (``@pytest.mark.parametrize("lock_url", ["redis", "zookeeper"], indirect=True)``) for the races run on each."""
-    backend = getattr(request, "param", "etcd")
-    return str(request.getfixturevalue(f"{backend}_url"))  # the session's server: etcd_url, redis_url, ...
-
-
-@pytest.fixture
-def client(lock_url: str) -> Iterator[distlock.Client]:
-    """A client of the test's lock service (etcd unless the test names another)."""
-    with distlock.connect(lock_url) as client:
-        yield client
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest) -> str:
+    """The lock service of a test (``backend_url``, ``client``): the session's etcd, or the backend a test names by
+    indirect parametrization (``@pytest.mark.parametrize("backend", ["redis", "zookeeper"], indirect=True)``) for
+    the races run on each."""
+    return str(getattr(request, "param", "etcd"))
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The layout holds: no import cycle between library modules, no private name imported across packages, no distlock
-URL parsed outside the backends.
+URL parsed outside the backends, and ``distlock`` never imports the integrations or tools built on it.
 
 Every module of ``distlock``, ``distlock_django``, ``distlock_sqla``, ``benchmarks`` and ``faults`` is parsed (not
 imported) with ``ast``. An import counts wherever it is written — at module level or inside a function — except under
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL = ("distlock", "distlock_django", "distlock_sqla", "benchmarks", "faults")
 #: The packages the private-name rule is about: a subpackage named here is a package of its own.
 PACKAGES = ("distlock", "distlock.celery", "distlock_django", "distlock_sqla", "benchmarks", "faults")
@@ -186,6 +186,19 @@ def test_no_private_name_is_imported_across_packages(package: str) -> None:
     assert not crossing, f"{package} imports private names of another package:\n" + "\n".join(crossing)
 
 
+#: What the library sits under: ``distlock`` (its pytest plugin included) imports none of these.
+ABOVE_THE_LIBRARY = ("distlock_django", "distlock_sqla", "benchmarks", "faults")
+
+
+def _upward(imp: Import) -> bool:
+    return imp.importer.split(".")[0] == "distlock" and imp.module.split(".")[0] in ABOVE_THE_LIBRARY
+
+
+def test_the_library_never_imports_its_integrations() -> None:
+    upward = [str(imp) for imp in IMPORTS if _upward(imp)]
+    assert not upward, "distlock imports a package built on it:\n" + "\n".join(upward)
+
+
 def test_benchmarks_share_only_public_names() -> None:
     private = [
         str(imp)
@@ -246,5 +259,7 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert _url_parsing("m", "import urllib.parse\nurllib.parse.urlsplit(url)\n") == ["m:2: urlsplit"]
     assert _url_parsing("m", "from sqlalchemy.engine import make_url as parse\n") == ["m:1: make_url"]
     assert _url_parsing("m", "scheme = url.partition('://')[0]\n") == []
+    assert _upward(Import("distlock.testing._plugin", "distlock_django", (), 1))
+    assert not _upward(Import("distlock_django._pytest_plugin", "distlock", (), 1))
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n")
     assert [ast.unparse(node) for node in _statements(tree)] == ["from typing import TYPE_CHECKING", "import b"]

@@ -2,8 +2,8 @@
 
 pytest-django configures Django only when it is given a settings module. This file gives it one, in
 ``pytest_configure`` (pytest calls it when it loads this file, before it imports the test modules here, which import
-models at the top): so ``pytest tests/celery`` or ``pytest tests/test_demo.py`` never configure Django, and in a whole
-run the variable this sets is stripped from child processes by ``_support.child_env``.
+models at the top): so ``pytest tests/integrations/celery`` or ``pytest tests/tooling/test_demo.py`` never configure
+Django, and in a whole run the variable this sets is stripped from child processes by ``_support.child_env``.
 
 pytest-django then creates the test databases (``django_db_setup``): the ``pg`` alias on the session's throwaway
 PostgreSQL (``postgres_dsn``), ``default`` in a SQLite file (not in memory: ``fenceworker.py`` processes open it too).
@@ -18,23 +18,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import django
 import pytest
 from _support import child_env
+from django.test import Client
 from django.test.utils import override_settings
 from pytest_django import DjangoDbBlocker
 
-# tests/conftest.py's ``client`` fixture is a distlock client; Django's test clients are pytest-django's own.
-from pytest_django.fixtures import async_client, client  # noqa: F401
-
-HERE = Path(__file__).resolve().parent
-
 
 def pytest_configure(config: pytest.Config) -> None:
-    sys.path.insert(0, str(HERE.parent))
     os.environ["DJANGO_SETTINGS_MODULE"] = "djangotests.testsettings"
     django.setup()
     _load_mysql_backend_on_pymysql()
@@ -64,6 +58,12 @@ def _load_mysql_backend_on_pymysql() -> None:
     finally:
         for name in [name for name in sys.modules if name == "MySQLdb" or name.startswith("MySQLdb.")]:
             del sys.modules[name]
+
+
+@pytest.fixture
+def django_client() -> Client:
+    """Django's test client (pytest-django's ``client``: in tests/, ``client`` is a distlock client everywhere)."""
+    return Client()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,6 +22,8 @@ import distlock.backends
 from distlock._cli import main
 from distlock.testing import MariaDBServer, PostgresServer
 
+pytestmark = pytest.mark.every_database
+
 TTL = 2
 
 

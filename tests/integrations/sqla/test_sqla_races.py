@@ -46,11 +46,11 @@ class SqlaWorker(Worker):
 
 
 @pytest.fixture
-def start_worker(lock_url: str, db: Database) -> Iterator[Callable[..., SqlaWorker]]:
+def start_worker(backend_url: str, db: Database) -> Iterator[Callable[..., SqlaWorker]]:
     started: list[SqlaWorker] = []
 
     def start(db_url: str | None = None) -> SqlaWorker:
-        worker = SqlaWorker(lock_url, db_url or db.url)
+        worker = SqlaWorker(backend_url, db_url or db.url)
         started.append(worker)
         return worker
 
@@ -114,7 +114,7 @@ def test_the_lost_update_race_of_a_paused_holder(
     _paused_holder_race(client, start_worker, sessions, engine, counter, guard, newer_writes_first)
 
 
-@pytest.mark.parametrize("lock_url", ["redis", "zookeeper", "postgres_table"], indirect=True)
+@pytest.mark.parametrize("backend", ["redis", "zookeeper", "postgres-table"], indirect=True)
 def test_the_paused_holder_loses_on_every_lock_service(
     client: distlock.Client,
     start_worker: Callable[..., SqlaWorker],
