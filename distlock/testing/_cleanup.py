@@ -43,12 +43,12 @@ def remove_keys(url: str, prefix: str) -> int:
 def _remove_etcd(backend: Any) -> int:
     from etcd3 import etcdrpc
 
-    from distlock.backends.etcd._backend import _prefix_end
+    from distlock.backends.etcd._backend import prefix_end
 
-    keys = etcdrpc.DeleteRangeRequest(key=backend._prefix, range_end=_prefix_end(backend._prefix))
+    keys = etcdrpc.DeleteRangeRequest(key=backend._prefix, range_end=prefix_end(backend._prefix))
     # A transaction: EtcdBackend sends Txn and Range to the KV service, and a Txn answers the same deletion.
     request = etcdrpc.TxnRequest(success=[etcdrpc.RequestOp(request_delete_range=keys)])
-    response, _ = backend._unary(_WHAT, "Txn", request)
+    response, _ = backend._channels.unary(_WHAT, "Txn", request)
     return int(response.responses[0].response_delete_range.deleted)
 
 
