@@ -70,12 +70,12 @@ def _remove_redis(backend: Any) -> int:
 
 def _remove_zookeeper(backend: Any) -> int:
     # Every waiter's node under the prefix; the lock nodes themselves stay (empty), as they do in use.
-    client = backend._main_client()
+    client = backend._sessions.main()
     removed = 0
     for escaped in backend._lock_nodes(client, _WHAT):
         parent = f"{backend._root}/{escaped}"
-        for child in backend._children(client, parent, _WHAT):
-            removed += int(backend._delete(client, f"{parent}/{child}", _WHAT))
+        for child in backend._sessions.children(client, parent, _WHAT):
+            removed += int(backend._sessions.delete(client, f"{parent}/{child}", _WHAT))
     return removed
 
 

@@ -28,7 +28,7 @@ from ... import _clock
 from ..._protocol import Interrupt, Position, Ticket
 from ._channels import RETRYABLE, Channels, Member, closed_channel, details_of, status_of
 
-__all__ = ["PositionAtRevision", "SemaphoreWatch", "Watches", "ahead_watch"]
+__all__ = ["Handler", "PositionAtRevision", "SemaphoreWatch", "Watches", "ahead_watch"]
 
 #: A handler of a watch's answers: the position to return (None: read the queue again), or False to go on watching.
 Handler = Callable[[Any], Position | bool | None]
