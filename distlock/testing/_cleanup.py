@@ -40,12 +40,12 @@ def remove_keys(url: str, prefix: str) -> int:
 def _remove_etcd(backend: Any) -> int:
     from etcd3 import etcdrpc
 
-    from distlock.backends.etcd._backend import _prefix_end
+    from distlock.backends.etcd._backend import prefix_end
 
-    keys = etcdrpc.DeleteRangeRequest(key=backend._prefix, range_end=_prefix_end(backend._prefix))
+    keys = etcdrpc.DeleteRangeRequest(key=backend._prefix, range_end=prefix_end(backend._prefix))
     # A transaction: EtcdBackend sends Txn and Range to the KV service, and a Txn answers the same deletion.
     request = etcdrpc.TxnRequest(success=[etcdrpc.RequestOp(request_delete_range=keys)])
-    response, _ = backend._unary(_WHAT, "Txn", request)
+    response, _ = backend._channels.unary(_WHAT, "Txn", request)
     return int(response.responses[0].response_delete_range.deleted)
 
 
@@ -67,12 +67,12 @@ def _remove_redis(backend: Any) -> int:
 
 def _remove_zookeeper(backend: Any) -> int:
     # Every waiter's node under the prefix; the lock nodes themselves stay (empty), as they do in use.
-    client = backend._main_client()
+    client = backend._sessions.main()
     removed = 0
     for escaped in backend._lock_nodes(client, _WHAT):
         parent = f"{backend._root}/{escaped}"
-        for child in backend._children(client, parent, _WHAT):
-            removed += int(backend._delete(client, f"{parent}/{child}", _WHAT))
+        for child in backend._sessions.children(client, parent, _WHAT):
+            removed += int(backend._sessions.delete(client, f"{parent}/{child}", _WHAT))
     return removed
 
 

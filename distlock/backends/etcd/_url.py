@@ -32,7 +32,8 @@ class EtcdConfig:
     request_timeout: float
 
     def open(self) -> Backend:
-        from ._backend import EtcdBackend, TLSConfig  # imports grpc: only when an etcd URL is used
+        from ._backend import EtcdBackend  # imports grpc: only when an etcd URL is used
+        from ._channels import TLSConfig
 
         tls = self.tls
         return EtcdBackend(

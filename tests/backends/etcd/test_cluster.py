@@ -71,7 +71,7 @@ def _member_of(cluster: EtcdCluster, client: distlock.Client) -> EtcdServer:
     """The cluster member ``client`` sends its requests to now."""
     backend = client._backend
     assert isinstance(backend, EtcdBackend)
-    address = backend._member().address
+    address = backend._channels.member().address
     (member,) = [m for m in cluster.members if m.endpoint == address]
     return member
 

@@ -29,11 +29,12 @@ def test_queue_reads_cut_short_mid_read_leave_etcd_running(etcd_server: EtcdServ
             for start in range(0, LONG_QUEUE, 100):  # etcd takes at most 128 operations per transaction
                 keys = (prefix + b"~%08d" % i for i in range(start, start + 100))
                 puts = [etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=b"x")) for key in keys]
-                backend._member().kv.Txn(etcdrpc.TxnRequest(success=puts), timeout=10)
+                backend._channels.member().kv.Txn(etcdrpc.TxnRequest(success=puts), timeout=10)
             ticket = Ticket(name=lock_name, key=prefix + b"~%08d" % (LONG_QUEUE - 1), token=1 << 40, lease_id=0)
             cut_short = 0
             for attempt in range(200):
-                backend.request_timeout = 0.002 + (attempt % 20) * 0.001  # deadlines at every point of the read
+                # Deadlines at every point of the read.
+                backend._channels.request_timeout = 0.002 + (attempt % 20) * 0.001
                 try:
                     backend.position(ticket)
                 except distlock.BackendUnavailable:
@@ -51,14 +52,14 @@ def test_a_request_racing_close_fails_with_a_distlock_error(
     client = distlock.connect(etcd_server.url)
     backend = client._backend
     assert isinstance(backend, EtcdBackend)
-    metadata = backend._metadata
+    metadata = backend._channels.metadata
 
     def close_first(**options: bool) -> tuple[tuple[str, str], ...] | None:
         # Another thread's close() lands after this request took its stub and before it is sent.
         backend.close()
         return metadata(**options)
 
-    monkeypatch.setattr(backend, "_metadata", close_first)
+    monkeypatch.setattr(backend._channels, "metadata", close_first)
     with pytest.raises(distlock.ClientClosed, match="closed"):
         backend.head(lock_name)
     monkeypatch.undo()

@@ -1,0 +1,305 @@
+"""ZooKeeper sessions for the backend: one per lease, one of the backend's own, and requests on them with retries.
+
+A lease is a ZooKeeper session (a ``KazooClient``) of its own, opened with the lease's TTL as its timeout (the server
+negotiates it): ZooKeeper ties an ephemeral node to the session that made it and fixes the timeout when the session
+opens, so revoking one lease closes one session. The backend's own session, opened on first use, reads holders,
+lists locks and deletes others' nodes. A ticket's place is read on its own session, which sees its own writes.
+``call`` runs a request until it answers or ``request_timeout`` passes, each attempt waiting for kazoo's answer
+(``answer``) only until the attempt's deadline.
+
+What can go wrong: no server answers (``BackendUnavailable``, kazoo's exception as ``__cause__``); a lease's session
+expired or closed by a revoke (``LeaseGone``); an ACL that refuses us (``AuthenticationFailed``); a closed client
+(``ClientClosed``); any other kazoo error (``BackendError``). The backend's own session may expire too: kazoo opens
+the next one and the request is sent again on it. Every session is a TCP connection and two kazoo threads. Only
+``_backend`` imports this module, after checking that the ``zookeeper`` extra is installed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient, KazooState
+from kazoo.handlers.threading import KazooTimeoutError
+
+from ... import _clock
+from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed
+from ..._protocol import Lease, LeaseGone, Ticket
+from ..._retry import Attempt, ErrorTable, retrying
+
+__all__ = ["Sessions", "queue_order", "sequence"]
+
+_R = TypeVar("_R")
+
+#: The longest session timeout a client can ask for (the protocol's 32-bit milliseconds), in seconds.
+_LONGEST_TIMEOUT = (2**31 - 1) / 1000
+
+_RETRYABLE: tuple[type[Exception], ...] = (kz.ConnectionLoss, kz.OperationTimeoutError, KazooTimeoutError)
+
+
+class _MainSessionRenewing(Exception):
+    """The backend's own session (not a lease) expired under a request; kazoo opens a new one by itself."""
+
+
+def _retryable(error: Exception) -> bool:
+    return isinstance(error, (*_RETRYABLE, _MainSessionRenewing))
+
+
+def sequence(child: str) -> int:
+    """The sequence number ZooKeeper appended to a waiter's node name (``<nonce>-0000000042`` -> 42)."""
+    _, _, number = child.rpartition("-")
+    return int(number) if number.isdigit() else -1
+
+
+def queue_order(children: Sequence[str]) -> list[str]:
+    """A lock's waiters in queue order (the sequence numbers), anything else left out."""
+    return sorted((child for child in children if sequence(child) >= 0), key=sequence)
+
+
+def _format_host(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Sessions:
+    """The sessions of one backend on one ensemble, by lease id, and the backend's own. Thread-safe."""
+
+    def __init__(self, hosts: list[tuple[str, int]], *, connect_timeout: float, request_timeout: float) -> None:
+        self._hosts = ",".join(_format_host(h, p) for h, p in hosts)
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.description = f"ZooKeeper at {self._hosts}"
+        self._mutex = threading.Lock()
+        self._closed = False
+        self._main: KazooClient | None = None
+        self._leases: dict[int, KazooClient] = {}
+        self._expired: set[int] = set()
+        self._abandoned: list[KazooClient] = []
+        self._errors = ErrorTable(description=self.description, retryable=_retryable, translate=self.translate)
+
+    def open(self, ttl: float, deadline: float) -> KazooClient:
+        # The protocol carries the timeout as 32-bit milliseconds; the server lowers it to its maxSessionTimeout.
+        ttl = min(ttl, _LONGEST_TIMEOUT)
+        client = KazooClient(hosts=self._hosts, timeout=ttl, connection_retry={"max_tries": -1, "max_delay": 0.5})
+        try:
+            client.start(timeout=max(deadline - _clock.now(), 0.001))
+        except KazooTimeoutError as e:
+            self.stop(client)
+            raise BackendUnavailable(f"could not open a session on {self.description}: no server answered") from e
+        except kz.KazooException as e:
+            self.stop(client)
+            raise self.translate(e, "open a session") or e from e
+        return client
+
+    @staticmethod
+    def stop(client: KazooClient) -> None:
+        try:
+            client.stop()
+        finally:
+            client.close()
+
+    def main(self) -> KazooClient:
+        with self._mutex:
+            if self._closed:
+                raise ClientClosed(f"the distlock client for {self.description} is closed")
+            client = self._main
+        if client is not None:
+            return client
+        opened = self.open(max(self.request_timeout, 10.0), _clock.now() + self.connect_timeout)
+        with self._mutex:
+            if self._main is None and not self._closed:
+                self._main = opened
+                return opened
+            winner = self._main
+        self.stop(opened)
+        if winner is None:
+            raise ClientClosed(f"the distlock client for {self.description} is closed")
+        return winner
+
+    def of_lease(self, lease_id: int) -> KazooClient:
+        """The live session of ``lease_id``; ``LeaseGone`` when it expired or was revoked."""
+        with self._mutex:
+            if self._closed:
+                raise ClientClosed(f"the distlock client for {self.description} is closed")
+            client = self._leases.get(lease_id)
+            expired = lease_id in self._expired
+        if client is None or expired or client.client_id is None or client.client_id[0] != lease_id:
+            raise LeaseGone(f"lease {lease_id:x} (a ZooKeeper session) is gone on {self.description}")
+        return client
+
+    def reader(self, ticket: Ticket) -> KazooClient:
+        """The session that reads ``ticket``'s place: its own (which sees its own node), else the backend's."""
+        try:
+            return self.of_lease(ticket.lease_id)
+        except LeaseGone:
+            return self.main()
+
+    def on_reader(self, ticket: Ticket, request: Callable[[KazooClient], _R]) -> _R:
+        """``request`` on the session that reads ``ticket``'s place; on the backend's own session when that one
+        expired or was revoked meanwhile (the ticket's node is gone with it then, and any session can tell)."""
+        try:
+            return request(self.reader(ticket))
+        except LeaseGone:
+            return request(self.main())
+
+    def open_lease(self, ttl: float) -> Lease:
+        """A new session for a lease of ``ttl`` s; the lease's TTL is the timeout the server negotiated."""
+        client = self.open(ttl, _clock.now() + self.request_timeout)
+        session_id = int(client.client_id[0])
+        granted = float(client._session_timeout) / 1000.0  # what the server negotiated, in ms
+
+        def on_state(state: str) -> bool:
+            if state == KazooState.LOST:
+                with self._mutex:
+                    self._expired.add(session_id)
+                return True  # the lease is over for good; kazoo's next session on this client is not it
+            return False
+
+        client.add_listener(on_state)
+        with self._mutex:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._leases[session_id] = client
+        if closed:
+            self.stop(client)
+            raise ClientClosed(f"the distlock client for {self.description} is closed")
+        return Lease(id=session_id, ttl=granted)
+
+    def close_lease(self, lease_id: int) -> bool:
+        """Close ``lease_id``'s session (deleting its nodes); False when it is not one of ours."""
+        with self._mutex:
+            client = self._leases.pop(lease_id, None)
+            self._expired.discard(lease_id)
+        if client is None:
+            return False
+        self.close_within([client], self.request_timeout)
+        return True
+
+    def ttl_left(self, session_id: int) -> float | None:
+        """The time left of one of our own sessions while it is connected: its whole timeout, which the server
+        starts again on every packet (kazoo pings a third of the way in). None for another client's session:
+        ZooKeeper does not tell one session how long another has."""
+        with self._mutex:
+            client = self._leases.get(session_id)
+        if client is None or client.state != KazooState.CONNECTED or client.client_id is None:
+            return None
+        return float(client._session_timeout) / 1000.0 if client.client_id[0] == session_id else None
+
+    def after_fork(self) -> None:
+        # The parent's sessions, sockets and threads are not ours: keep references, so that nothing closes them.
+        self._mutex = threading.Lock()
+        self._abandoned.extend(self._leases.values())
+        if self._main is not None:
+            self._abandoned.append(self._main)
+        self._leases = {}
+        self._expired = set()
+        self._main = None
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            clients = list(self._leases.values()) + ([self._main] if self._main is not None else [])
+            self._leases = {}
+            self._main = None
+        self.close_within(clients, self.request_timeout)
+
+    def close_within(self, clients: Sequence[KazooClient], timeout: float) -> None:
+        """Close ``clients``' sessions (deleting their ephemeral nodes), waiting at most ``timeout`` s in all.
+
+        kazoo's ``stop()`` waits for its connection thread, which gives up on a server that does not answer only
+        after the session's read timeout: each runs on a thread of its own, left to finish in the background."""
+        deadline = _clock.now() + timeout
+        stoppers = [
+            threading.Thread(target=self.stop, args=(client,), name="distlock-zk-close", daemon=True)
+            for client in clients
+        ]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(max(deadline - _clock.now(), 0))
+
+    def call(self, what: str, request: Callable[[Attempt], _R], budget: float | None = None) -> tuple[_R, int]:
+        """Run ``request`` until it answers or the deadline passes; the answer and the attempts made.
+
+        Each attempt waits for kazoo's asynchronous result only until the attempt's deadline: kazoo's blocking
+        calls would wait for a reconnection without limit.
+        """
+        deadline = _clock.now() + (self.request_timeout if budget is None else budget)
+        return retrying(what, request, deadline, self._errors)
+
+    def translate(self, error: Exception, what: str) -> BackendError | None:
+        if isinstance(error, (*_RETRYABLE, _MainSessionRenewing)):
+            return BackendUnavailable(f"{what}: {self.description} did not answer ({type(error).__name__})")
+        if isinstance(error, (kz.SessionExpiredError, kz.ConnectionClosedError)):
+            # A lease's session that expired, or that a revoke closed under a request in another thread.
+            return LeaseGone(f"{what}: the session is gone on {self.description}")
+        if isinstance(error, (kz.NoAuthError, kz.AuthFailedError)):
+            return AuthenticationFailed(f"{what}: {self.description} refused access ({type(error).__name__})")
+        if isinstance(error, kz.KazooException):
+            return BackendError(f"{what} failed on {self.description}: {type(error).__name__}: {error}")
+        return None
+
+    def answer(self, result: Any, each: Attempt, client: KazooClient | None = None) -> Any:
+        """kazoo's answer to one request on ``client``, waited for until the attempt's deadline at most."""
+        try:
+            return result.get(timeout=max(each.timeout, 0.001))
+        except kz.ConnectionClosedError as e:
+            if self._closed:
+                raise ClientClosed(f"the distlock client for {self.description} is closed") from e
+            raise
+        except kz.SessionExpiredError as e:
+            if client is not None and client is self._main:
+                # The backend's own session expired: kazoo is opening the next one; nothing was lost, try again.
+                raise _MainSessionRenewing(self.description) from e
+            raise
+
+    def children(self, client: KazooClient, path: str, what: str) -> list[str]:
+        """The waiters' nodes under ``path`` in queue order (none when it does not exist)."""
+
+        def request(each: Attempt) -> list[str]:
+            try:
+                return list(self.answer(client.get_children_async(path), each, client))
+            except kz.NoNodeError:
+                return []
+
+        children, _ = self.call(what, request)
+        return queue_order(children)
+
+    def get(self, client: KazooClient, path: str, what: str) -> tuple[bytes, Any] | None:
+        """The data and ``ZnodeStat`` of ``path``, or None when it does not exist."""
+
+        def request(each: Attempt) -> tuple[bytes, Any] | None:
+            try:
+                data, stat = self.answer(client.get_async(path), each, client)
+            except kz.NoNodeError:
+                return None
+            return bytes(data), stat
+
+        found, _ = self.call(what, request)
+        return found
+
+    def stat(self, client: KazooClient, path: str, what: str) -> Any:
+        """The ``ZnodeStat`` of ``path``, or None when it does not exist."""
+
+        def request(each: Attempt) -> Any:
+            return self.answer(client.exists_async(path), each, client)
+
+        stat, _ = self.call(what, request)
+        return stat
+
+    def delete(self, client: KazooClient, path: str, what: str) -> bool:
+        """Delete the waiter's node ``path`` (at version 0: it is never written after it is made); False when it
+        was gone already."""
+
+        def request(each: Attempt) -> bool:
+            try:
+                self.answer(client.delete_async(path, version=0), each, client)
+            except kz.NoNodeError:
+                return False
+            return True
+
+        deleted, attempts = self.call(what, request)
+        return deleted or attempts > 1  # a retried delete whose first attempt landed finds nothing: done
