@@ -19,6 +19,7 @@ lock does, to record its metrics: docs/operations/metrics.md).
 
 import logging
 
+from ._asynclock import AsyncLock
 from ._client import Client, connect
 from ._clientcache import ClientCache
 from ._election import AsyncElection, Election, Leader
@@ -41,7 +42,8 @@ from ._errors import (
 )
 from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refused, stale_token_message
 from ._guard import fence_guard_sql
-from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
+from ._lock import Lock, current_lock, current_token
+from ._lockoptions import LockOptions
 from ._multi import AsyncMultiLock, MultiLock
 from ._protocol import Holder, LockState, Waiter
 from ._rwlock import AsyncRWLock, RWLock

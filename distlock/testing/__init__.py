@@ -46,7 +46,8 @@ What can go wrong:
 """
 
 from distlock.testing._base import HarnessError, ServerStartError, parse_prometheus_text
-from distlock.testing._etcd import EtcdCluster, EtcdServer, EtcdStartError, etcd_version, find_etcd, find_etcdctl
+from distlock.testing._etcd import EtcdServer, EtcdStartError, etcd_version, find_etcd, find_etcdctl
+from distlock.testing._etcdcluster import EtcdCluster
 from distlock.testing._mariadb import MariaDBServer, find_mariadb_bin
 from distlock.testing._memory import MemoryBackend
 from distlock.testing._postgres import PostgresServer, find_postgres_bin
