@@ -22,11 +22,11 @@ command line wins, then ``$DISTLOCK_TEST_URL`` (for the URL), then the ini file.
 "distlock". Every fixture name starts with ``distlock_``, so none hides a fixture of your own.
 
 What can go wrong: a fixture that needs what is not there fails its tests' set-up with a message saying what to
-pass or install: no URL for a ``*_noproc`` fixture, a URL of the other backend, a server that does not answer, a
-binary option that names no executable, ``distlock_django`` without pytest-django. A missing etcd or redis-server
-binary is the harness's `ConfigurationError`. Keys under a test's prefix are deleted even when a client the test
-made itself still holds a lock there (it then loses it). The plugin imports no backend client library until a
-fixture connects, so it is harmless in test suites that never use it.
+pass or install: no URL for a ``*_noproc`` fixture, a URL of another backend than the fixture's, a server that does
+not answer, a binary option that names no executable, ``distlock_django`` without pytest-django. A missing etcd or
+redis-server binary is the harness's `ConfigurationError`. Keys under a test's prefix are deleted even when a client
+the test made itself still holds a lock there (it then loses it). The plugin imports no backend client library until
+a fixture connects, so it is harmless in test suites that never use it.
 """
 
 from __future__ import annotations
