@@ -1,4 +1,4 @@
-"""distlock: distributed locks on etcd (or Redis) that hand every holder a fencing token.
+"""distlock: distributed locks that hand every holder a fencing token, on etcd, Redis, ZooKeeper or a SQL lock table.
 
 A lease-based lock alone is never safe: a holder can pause (GC, SIGSTOP, a slow network) past its lease while another
 process takes the lock. distlock tells the holder early (``lock.lost``, ``ensure_held()``, ``on_lost``), and gives
@@ -10,15 +10,16 @@ it a *fencing token* — strictly increasing from holder to holder — so the da
     with client.lock("order:42", ttl=30, timeout=10) as lock:
         save(order, fence_token=lock.token)
 
-This package is the core: the client, the lock, the session keeper, fences, lock names and templates, above the
-backends of ``distlock.backends`` (docs/architecture.md draws the layers). What can go wrong is always one of the
-errors exported here, all under ``DistlockError`` (the tree is drawn in ``_errors.py``); importing distlock
-imports neither grpc nor redis-py (only ``connect()`` with a URL of that backend does) nor OpenTelemetry (the first
-lock does, to record its metrics: docs/operations/metrics.md).
+This package is the core: the client, the lock handles, the session keeper, fences, lock names and templates, above
+the backends of ``distlock.backends`` (docs/architecture.md draws the layers; ``memory://`` is an in-process one for
+unit tests). What can go wrong is always one of the errors exported here, all under ``DistlockError`` (the tree is
+drawn in ``_errors.py``); importing distlock imports no backend's client library (grpc, redis-py, kazoo, SQLAlchemy:
+only ``connect()`` with a URL of that backend does) nor OpenTelemetry (the first lock does, to record its metrics).
 """
 
 import logging
 
+from ._asynclock import AsyncLock
 from ._client import Client, connect
 from ._clientcache import ClientCache
 from ._election import AsyncElection, Election, Leader
@@ -41,7 +42,8 @@ from ._errors import (
 )
 from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refused, stale_token_message
 from ._guard import fence_guard_sql
-from ._lock import AsyncLock, Lock, LockOptions, current_lock, current_token
+from ._lock import Lock, current_lock, current_token
+from ._lockoptions import LockOptions
 from ._multi import AsyncMultiLock, MultiLock
 from ._protocol import Holder, LockState, Waiter
 from ._rwlock import AsyncRWLock, RWLock

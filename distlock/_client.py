@@ -27,10 +27,12 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Self, Unpack
 
+from ._asynclock import AsyncLock
 from ._context import Context
 from ._election import AsyncElection, Election
 from ._errors import ConfigurationError
-from ._lock import AsyncLock, Lock, LockOptions
+from ._lock import Lock
+from ._lockoptions import LockOptions
 from ._multi import AsyncMultiLock, MultiLock
 from ._names import validate_name
 from ._protocol import KINDS, Backend, Holder, Inspectable, LockState

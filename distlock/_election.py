@@ -1,30 +1,20 @@
 """Leader election: one leader per name among any number of candidates, and the term is a fencing token.
 
-``client.election("scheduler")`` is a lock whose holder is the leader. A candidate joins the lock's queue with
-its *value* (who it is: ``"host:pid"`` unless given) as the queue entry's owner, so anyone can read who leads
-(``leader()``) without being a candidate. ``campaign()`` waits to lead (``acquire()``), ``resign()`` steps down
-(``release()``: the next candidate leads at once), and the **term** is the leader's fencing token: strictly larger
-than every earlier leader's, so ``distlock_django`` and ``distlock_sqla`` refuse a deposed leader's writes
-exactly as they refuse a lock's stale holder (``election.fence``, or the election being the current lock of its
-name while leading). Candidates queue in order: when a leader dies, resigns or is frozen past its TTL, the
-longest-waiting candidate leads next.
+``client.election("scheduler")`` is composition over the public lock API: a candidate is a :class:`~distlock.Lock`
+whose owner is its *value* (``"host:pid"`` unless given), so anyone reads who leads (``leader()``, from the lock's
+head). ``campaign()`` waits to lead, ``resign()`` steps down (the longest-waiting candidate leads next), and the
+**term** is the leader's fencing token, so the database integrations refuse a deposed leader's writes as they refuse
+a lock's stale holder. A leader that stops answering is deposed when its lease runs out; until it learns so
+(``lost``, ``ensure_held()``, ``on_lost``) it may still believe it leads: the term, not the belief, decides.
+``observe()`` yields the leader each time it changes, reading the head every ``poll`` seconds.
 
-A leader that stops answering (a pause, a partition) is deposed when its lease runs out, without its help; until
-it learns so (``lost``, ``ensure_held()``, ``on_lost``) it may still believe it leads. Its writes are then refused
-by the fence once the new leader has written: the term, not the belief, decides.
+The election keeps one **record** that only the leader writes (``record()``) and the next reads (``recorded()``),
+such as the ticks ``distlock.celery.LeaderScheduler`` sent. Records are the optional ``Recording`` capability of a
+backend: the backend checks that the writer still leads in the same atomic step as the write.
 
-The election also keeps one **record**: a small value that only the leader can write (``record()``), kept across
-terms, so that a new leader reads (``recorded()``) what the last one wrote: a ledger of work done, such as the
-ticks ``distlock.celery.LeaderScheduler`` has sent. The server checks that the writer still leads in the same atomic
-step as the write, so a deposed leader's write is refused (``LockLost``) even while it still believes it leads, and
-nothing it writes can come after its successor's first read.
-
-``observe()`` yields the leader each time it changes, for processes that follow rather than lead. It reads the
-lock's holder every ``poll`` seconds (one read each; a leader change shows within one interval), so it costs
-one read per interval per observer, whatever the backend.
-
-What can go wrong: a bad ``value`` (not a printable str of 1 to 256 characters), ``poll``, record or option raises
-``ConfigurationError`` where it is given; otherwise as :class:`~distlock.Lock`.
+What can go wrong: a bad ``value``, ``poll``, record or option raises ``ConfigurationError`` where it is given;
+``client.election()`` raises ``ConfigurationError`` on a backend that keeps no records (``Backend.unsupported``); a
+deposed leader's ``record()`` raises ``LockLost``; otherwise as :class:`~distlock.Lock`.
 """
 
 from __future__ import annotations
@@ -39,8 +29,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self, Unpack
 
 from . import _clock
+from ._asynclock import AsyncLock
 from ._errors import ConfigurationError, LockNotAcquired
-from ._lock import AsyncLock, Fence, Lock, LockOptions
+from ._lock import Fence, Lock
+from ._lockoptions import LockOptions
 from ._seconds import seconds
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The exceptions distlock raises, all under one root.
 
-Every failure a caller can act on is one of these; errors of the underlying client libraries (gRPC, redis-py) are
-translated at the backend boundary and kept as ``__cause__``. The tree::
+Every failure a caller can act on is one of these; errors of the underlying client libraries (grpc, redis-py, kazoo,
+SQLAlchemy) are translated at the backend boundary and kept as ``__cause__``. The tree::
 
     DistlockError
     ├── ConfigurationError (also ValueError)   a bad URL, option or argument; a missing extra

@@ -1,15 +1,13 @@
 """Fences: a fencing token together with the name of the lock it came from, and the policy of the database integrations.
 
 A fenced row is guarded by exactly one lock name (its model declares a template such as ``"account:{pk}"``). A
-write to it must carry a token *of that lock*: tokens of different locks are numbers on a common scale (etcd: one
-revision counter for the cluster; Redis: counters floored at the server's clock), so a token of another, busier
-lock would pass the ``fence_token <= :token`` check and defeat the fence. :func:`fence_for`
-finds the right fence in the current context (or checks one passed explicitly) and refuses any other.
-:func:`fence_for_write` is the whole policy Django's ``FencedModel`` and ``distlock_sqla`` apply to a row's write,
-and :func:`stale_token_message` the one explanation they give when the database refuses it, which they get from
-:func:`fence_refused`: the one call every refusal passes through, which also counts it (the ``distlock.fence.refused``
-metric). (The
-:class:`Fence` value itself is defined next to the lock that hands it out, in ``_lock.py``.)
+write to it must carry a token *of that lock*: tokens of different locks may be numbers on a common scale (etcd's
+one revision counter, a SQL table's one id sequence), so a token of another, busier lock would pass the
+``fence_token <= :token`` check and defeat the fence. :func:`fence_for` finds the right fence in the current context
+(or checks one passed explicitly) and refuses any other. :func:`fence_for_write` is the whole policy Django's
+``FencedModel`` and ``distlock_sqla`` apply to a row's write; :func:`fence_refused` is the one call every refusal
+passes through (it counts the ``distlock.fence.refused`` metric) and :func:`stale_token_message` the one explanation.
+The :class:`Fence` value itself is defined next to the lock that hands it out, in ``_lock.py``.
 
 What can go wrong: a fence of another lock is passed (``LockNotOwned``); no lock of that name is held here
 (:func:`fence_for` returns None; :func:`fence_for_write` raises ``LockNotOwned`` when other locks are held, since

@@ -1,32 +1,16 @@
 """The storage-level fence guard: a trigger that refuses any UPDATE lowering a fenced table's ``fence_token``.
 
 Fenced writes (``UPDATE … WHERE fence_token <= :t``) keep a row's token from going backwards only for writers that
-go through them. Raw SQL, another service, a bulk path or an ORM write that is not fenced can still store an older
-token, after which a stale holder's write is accepted again. The guard is a ``BEFORE UPDATE`` trigger that the
-database runs for every writer::
+go through them; raw SQL, another service or a bulk path can still store an older token. The guard is a ``BEFORE
+UPDATE`` trigger the database runs for every writer. :func:`fence_guard_sql` writes its create and drop statements
+for one table, for PostgreSQL (11+), SQLite and MySQL/MariaDB, once for every integration (``distlock_django``'s
+``InstallFenceGuard``, ``distlock_sqla``'s ``fence_guard()``). A refusal's message starts with ``distlock fence
+guard:`` and the statement writes nothing; the trigger is named ``distlock_fence_guard_<table>`` (hashed past 63
+characters); creating replaces an existing guard, dropping a missing one is no error. How each database raises it
+and what it does not refuse (a write that keeps the token, NULL, DELETE then INSERT): docs/GUARANTEES.md,
+"Storage-level guard (recommended)".
 
-    create, drop = distlock.fence_guard_sql("postgresql", "accounts")
-    for statement in create:
-        cursor.execute(statement)
-
-:func:`fence_guard_sql` writes the statements for one table, once for every integration: ``distlock_django``'s
-``InstallFenceGuard`` migration operation and ``distlock_sqla``'s ``fence_guard()`` run them. Per database:
-
-- **PostgreSQL** (11 or later): a PL/pgSQL function and a row trigger ``WHEN (NEW.fence_token < OLD.fence_token)``
-  raising SQLSTATE 23514 (``check_violation``: the driver's ``IntegrityError``) with the trigger as the constraint
-  name (``diag.constraint_name``);
-- **SQLite**: a trigger with ``RAISE(ABORT, …)`` (SQLITE_CONSTRAINT_TRIGGER: ``sqlite3.IntegrityError``);
-- **MySQL / MariaDB**: a trigger that ``SIGNAL``s SQLSTATE 45000 (error 1644: an ``OperationalError`` in PyMySQL
-  and in Django).
-
-Every refusal's message starts with ``distlock fence guard:``; the statement fails whole and writes nothing. The
-trigger and function are named ``distlock_fence_guard_<table>`` (shortened with a hash past 63 characters).
-Creating is idempotent (an existing guard is replaced); dropping one that is not there is not an error.
-
-What the guard does not refuse: an UPDATE that keeps or raises the token (a stale holder's write that also lowers
-nothing — the fenced ``WHERE`` is what refuses those), a NULL token (the column's NOT NULL does), and a DELETE
-followed by an INSERT of the same key, including ``REPLACE`` / ``INSERT OR REPLACE`` (no UPDATE happens).
-What can go wrong here: a database other than these four, a name with a NUL character, or an empty name raise
+What can go wrong here: a database other than these, a name with a NUL character, or an empty name raise
 ``ConfigurationError``. On MySQL with binary logging on, creating a trigger needs the ``TRIGGER`` privilege and
 ``log_bin_trust_function_creators`` (or SUPER); the database refuses otherwise.
 """

@@ -1,62 +1,23 @@
-"""The lock: queueing, waiting, timeouts and release, written once over ``_protocol.Backend``.
+"""The lock: queueing, waiting, timeouts, loss, hand-over and release, written once over ``_protocol.Backend``.
 
-A handle from ``client.lock(name)`` acquires by joining the lock's FIFO queue with a ticket on the client's session
-lease for its TTL, then waits for the ticket just ahead to go. Holding means "my ticket is at the head and my lease
-is alive"; the ticket's token is the fencing token.
-
-Races handled here, in prose:
-
-- *Lease lost while waiting.* If the session lease expires while a waiter sleeps (the process was paused, the lock
-  service was unreachable), its ticket goes (etcd deletes the key with its lease; on Redis the next waiter removes an
-  entry whose lease key is gone) and the waiters behind it move up; the keeper wakes the waiter, and after every wake-up
-  the waiter re-reads its own key before anything else, so it can never take a turn it no longer has (etcd#11456). It
-  then queues again, at the back, on a new lease, within its timeout.
-- *Became head as the timeout struck.* A waiter that gives up removes its ticket only if it is still the same ticket
-  (``Backend.dequeue``); if it had just become the head, the removal simply hands the lock on. Nobody is left waiting on
-  a dead key.
-- *Released after the lease expired.* Release removes the ticket only if it is still ours (on etcd: its create revision
-  is still our token, etcd#22082), so a late release can never delete a newer holder's; it raises ``LockLost`` instead.
-- *Force-released.* An operator's ``client.force_release(name, token)`` deletes the holder's key only if its token
-  is still the one the operator saw, and leaves the lease alive (the client's other locks share it). The keeper finds
-  the key gone at its next check of the held keys, one per lease after each refresh, and marks the lock lost; until
-  then ``lost`` is False, but fenced writes are already refused once the next holder has claimed the row. If the
-  holder releases at the same moment, both requests are the same compare-and-delete of one key at one token: one
-  of them deletes it and wakes the next waiter (once), the other finds nothing. When the operator's comes first, the
-  holder's ``release()`` finds its key gone and raises ``LockLost``; when the holder's comes first, the force release
-  returns False and changes nothing, even though by then a waiter may hold the lock under a newer token. A check that
-  was under way while the handle released (or acquired again) never marks the new hold lost: it names the ticket.
-- *Handed over.* ``hand_over()`` leaves a held lock to a successor, usually in another process, that calls
-  ``take_over(token)``: the successor joins the queue first and only then removes the old key, checked against its
-  token, so the lock passes from one to the other (or to a waiter queued in between, then to the successor) and is
-  never free for a third party. A token that no longer heads the queue is left alone (the successor leaves the queue
-  and gets False), so a late successor never ends a newer holder. The old handle finds its key gone at the keeper's
-  next check and ends quietly, as expected rather than lost; if nobody takes over in time, the keeper removes the key.
-- *Forked while holding.* In a forked child, a handle the parent holds is not held: ``owned()`` is False, ``lost`` is
-  True (nothing done in the child is protected by the parent's lock), ``token``, ``fence``, ``ensure_held()`` and
-  ``release()`` raise ``LockNotOwned``, and ``current_lock()``/``current_token()`` skip it. Otherwise the child could
-  write with the parent's token: two writers under one token. Leaving the parent's ``with`` block in the child does
-  nothing; the parent's hold is the parent's to end.
-- *Closed while waiting.* ``close()`` from another thread wakes a waiter, and whatever the backend raised in that race
-  (a cancelled stream, a closed socket), the waiter raises ``ClientClosed``.
-
-Each handle is for one holder at a time: locks are not re-entrant, and two threads that must exclude each other use
-two handles (``client.lock(name)`` is cheap). ``current_lock()``/``current_token()`` find the innermost lock held in
-the current context (thread or asyncio task), which fenced writes use; ``lock.fence`` is the held token with its
-lock's name (a :class:`Fence`), which ``_fence.py`` checks against the row being written.
+A handle from ``client.lock(name)`` (or ``semaphore``/``rwlock``, whose handles are this class with another ``kind``
+of queue entry) acquires by joining the lock's FIFO queue with a ticket on its client's session lease for its TTL, and
+waits until the backend says the ticket holds; the ticket's token is the fencing token. It reaches its client only
+through a ``Context`` (backend, keeper, open-guard). ``current_lock()``/``current_token()`` find the innermost lock held
+in the current thread or asyncio task, which fenced writes use. The races handled here (a lease lost while waiting, a
+timeout that strikes as the ticket becomes head, a late release, a force release, a hand-over, a fork while holding, a
+close while waiting) are told in docs/design.md, "Races the lock handles".
 
 What can go wrong: ``acquire()`` raises ``BackendUnavailable`` when the service does not answer within the client's
 ``request_timeout`` (a give-up or release whose removal failed is handed to the keeper to retry, with a warning),
 ``ClientClosed`` when the client is closed; ``release()`` raises ``LockLost`` or ``LockNotOwned``; acquiring a
-handle that holds or is acquiring raises ``LockError``; an unknown option is a ``TypeError`` and a bad owner,
-family or duration a ``ConfigurationError``, when the handle is made. Every acquire, hold and loss is measured here,
-once for every backend (``_metrics``; nothing is recorded without OpenTelemetry, and a failing metric never fails
-a lock).
+handle that holds or is acquiring raises ``LockError``; in a forked child the parent's hold is not held (``lost``,
+``LockNotOwned``). Bad options raise when the handle is made (``_lockoptions``). Every acquire, hold and loss is
+measured here, once for every backend (``_metrics``; a failing metric never fails a lock).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
@@ -64,10 +25,9 @@ import math
 import os
 import secrets
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, TypedDict, Unpack
+from typing import TYPE_CHECKING, Self, Unpack
 
 from . import _clock, _metrics
 from ._errors import (
@@ -80,7 +40,7 @@ from ._errors import (
     LockNotAcquired,
     LockNotOwned,
 )
-from ._names import validate_name
+from ._lockoptions import LockOptions, check_options
 from ._protocol import Interrupt, LeaseGone, Ticket, owner_record
 from ._seconds import seconds
 from ._session import Session, Stray
@@ -89,7 +49,7 @@ from ._shape import MUTEX
 if TYPE_CHECKING:
     from ._context import Context
 
-__all__ = ["AsyncLock", "Fence", "Lock", "LockOptions", "check_options", "current_lock", "current_token"]
+__all__ = ["Fence", "Lock", "current_lock", "current_token"]
 
 log = logging.getLogger("distlock")
 
@@ -125,46 +85,6 @@ class Fence:
     @classmethod
     def of(cls, lock: Lock) -> Fence:
         return cls(lock.name, lock.token)
-
-
-class LockOptions(TypedDict, total=False):
-    """The keyword options of ``client.lock(name, ...)`` and ``client.async_lock(name, ...)``, all optional.
-
-    ``ttl`` (default 30 s): the lease, how long the lock outlives a holder that stopped answering. ``timeout``
-    (default 60 s): how long ``acquire()`` and ``with`` wait; ``math.inf`` waits forever, 0 does not wait.
-    ``max_hold`` (default None, no bound): the most the lock may be held at all. ``on_lost(lock)`` (default None):
-    called on the client's clean-up thread when the lock becomes lost (it may be slow: lease refreshes do not
-    wait for it). ``owner`` (default: a random id per acquisition):
-    the id ``client.holder(name).owner`` reports while this handle holds the lock. ``family`` (default None): what
-    the lock's metrics are grouped by (the ``distlock.lock.family`` attribute), a bounded label such as the template
-    the name was rendered from (``"account:{pk}"``), never the name itself; the integrations set it.
-    """
-
-    ttl: float
-    timeout: float
-    max_hold: float | None
-    on_lost: Callable[[Lock], None] | None
-    owner: str | None
-    family: str | None
-
-
-_KNOWN_OPTIONS = ", ".join(sorted(LockOptions.__optional_keys__))
-
-
-def check_options(name: str, options: LockOptions) -> None:
-    """Check a lock's name and the options of :class:`LockOptions` that no other check covers, where they are given
-    (a handle, a read/write lock): ``TypeError`` for an unknown option, ``ConfigurationError`` for a bad value."""
-    unknown = options.keys() - LockOptions.__optional_keys__
-    if unknown:
-        raise TypeError(f"unexpected lock option(s) {', '.join(sorted(unknown))}; known: {_KNOWN_OPTIONS}")
-    validate_name(name)
-    for option, what in (("owner", "owner"), ("family", "family (the lock's metrics label)")):
-        value = options.get(option)
-        if value is not None and (not isinstance(value, str) or not value.isprintable() or not 0 < len(value) <= 256):
-            raise ConfigurationError(f"{what} must be a printable str of 1 to 256 characters, not {value!r}")
-    seconds(options.get("ttl", 30.0), "ttl (the lease length)")
-    seconds(options.get("timeout", 60.0), "timeout (how long to wait)", allow_zero=True, allow_forever=True)
-    seconds(options.get("max_hold"), "max_hold", allow_none=True)
 
 
 class Lock:
@@ -661,117 +581,3 @@ class Lock:
             if kind is None:
                 raise
             # The body's own exception matters more; the loss is logged by _mark_lost.
-
-
-class AsyncLock:
-    """The asyncio twin of :class:`Lock`: ``await lock.acquire()``, ``await lock.release()``, ``async with``.
-
-    The blocking wait runs on a thread of its own (not the default executor, so many waiters cannot starve it);
-    cancelling the awaiting task interrupts that wait and removes the waiter's key, and a lock acquired at the very
-    moment of cancellation is released before ``CancelledError`` propagates.
-    """
-
-    def __init__(self, lock: Lock) -> None:
-        self._lock = lock
-
-    @property
-    def sync(self) -> Lock:
-        """The underlying synchronous handle."""
-        return self._lock
-
-    @property
-    def name(self) -> str:
-        return self._lock.name
-
-    @property
-    def token(self) -> int:
-        return self._lock.token
-
-    @property
-    def fence(self) -> Fence:
-        """The fencing token with this lock's name, for fenced writes. Raises if not held."""
-        return Fence(self.name, self.token)
-
-    @property
-    def lost(self) -> bool:
-        return self._lock.lost
-
-    def owned(self) -> bool:
-        return self._lock.owned()
-
-    def __repr__(self) -> str:
-        return f"<distlock.AsyncLock {self._lock!r}>"
-
-    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        loop = asyncio.get_running_loop()
-        result: asyncio.Future[bool] = loop.create_future()
-        cancel = Interrupt()
-
-        def settle(outcome: bool | BaseException) -> None:
-            if result.done():
-                return
-            if isinstance(outcome, BaseException):
-                result.set_exception(outcome)
-            else:
-                result.set_result(outcome)
-
-        def run() -> None:
-            outcome: bool | BaseException
-            try:
-                outcome = self._lock._acquire(blocking, timeout, cancel)
-            except BaseException as e:
-                outcome = e
-            loop.call_soon_threadsafe(settle, outcome)
-
-        threading.Thread(target=run, name=f"distlock-acquire-{self._lock.name}", daemon=True).start()
-        try:
-            acquired = await asyncio.shield(result)
-        except asyncio.CancelledError:
-            cancel.fire("the acquiring task was cancelled")
-            try:
-                acquired = await result
-            except Exception:
-                acquired = False
-            if acquired:
-                await asyncio.to_thread(self._release_quietly)
-            raise
-        if acquired:
-            self._lock._enter_context()
-        return acquired
-
-    def _release_quietly(self) -> None:
-        with contextlib.suppress(LockLost):
-            self._lock.release()
-
-    async def release(self) -> None:
-        self._lock._leave_context()
-        await asyncio.to_thread(self._lock.release)
-
-    async def ensure_held(self, verify: bool = False) -> None:
-        if verify:
-            await asyncio.to_thread(self._lock.ensure_held, True)
-        else:
-            self._lock.ensure_held()
-
-    async def locked(self) -> bool:
-        return await asyncio.to_thread(self._lock.locked)
-
-    async def __aenter__(self) -> Self:
-        if not await self.acquire():
-            raise LockNotAcquired(
-                f"lock {self.name!r} not acquired within {self._lock.timeout:g} s (timeout); "
-                "it is held by another holder",
-                name=self.name,
-            )
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        if self._lock._own_ticket() is None:
-            return
-        try:
-            await self.release()
-        except (LockLost, ClientClosed):
-            if kind is None:
-                raise

@@ -1,43 +1,16 @@
 """Metrics through the OpenTelemetry API: how long locks are waited for and held, how many are lost, refused, failing.
 
-The instruments follow the shape of OpenTelemetry's database client connection-pool conventions (a lock is a pool of
-one: ``db.client.connection.wait_time`` / ``use_time`` / ``pending_requests`` / ``timeouts``), with durations in
-seconds and names under ``distlock.``:
+The instruments (``distlock.lock.wait_time``, ``.hold_time``, ``.waiters``, ``.lost``, ``distlock.fence.refused``,
+``distlock.backend.errors``) follow OpenTelemetry's connection-pool conventions (a lock is a pool of one); what each
+records and its attributes are in docs/operations/metrics.md. Attributes are bounded: ``distlock.backend`` (the
+backend's package in ``distlock.backends``, or ``memory``) and ``distlock.lock.family`` (the ``family`` lock option),
+never the lock name. The meter is fetched at the first measurement, not at import, so a ``MeterProvider`` set after
+``import distlock`` still receives everything; without ``opentelemetry-api`` every measurement does nothing.
 
-==============================  ===============  ==========  ==========================================================
-instrument                      kind             unit        what is recorded
-==============================  ===============  ==========  ==========================================================
-``distlock.lock.wait_time``     histogram        s           each ``acquire()`` (and ``with``), when it ends, with
-                                                             ``distlock.lock.outcome``: acquired, timeout, cancelled
-                                                             (an asyncio acquire whose task was cancelled) or error
-``distlock.lock.hold_time``     histogram        s           each hold, when the holder releases it (lost or not)
-``distlock.lock.waiters``       up-down counter  {waiter}    ``acquire()`` calls of this process under way now
-``distlock.lock.lost``          counter          {lock}      holds that became lost (lease expired or revoked,
-                                                             ``max_hold`` passed, key gone, client closed)
-``distlock.fence.refused``      counter          {write}     writes the database refused for a stale token
-                                                             (``fence_refused()``, called by the integrations)
-``distlock.backend.errors``     counter          {error}     failed attempts of requests to the lock service, retried
-                                                             or not, by ``error.type`` (the distlock error's class)
-==============================  ===============  ==========  ==========================================================
-
-Attributes are bounded: ``distlock.backend`` (``etcd`` or ``redis``, the backend's module in
-``distlock.backends``), ``distlock.lock.family`` (the ``family`` lock option: the template a name was rendered
-from, such as ``"account:{pk}"``; absent for a lock made without one), never the lock name itself, whose values
-are unbounded. ``distlock.fence.refused`` carries only the family (the database refused the write, not a lock
-service).
-
-The meter (``metrics.get_meter("distlock", <version>)``) is fetched at the first measurement, not at import: until
-the application sets a ``MeterProvider``, the API hands out proxies that follow the provider once it is set, so a
-provider configured after ``import distlock`` (or after the first lock) still receives everything. Without the
-``opentelemetry-api`` package the first measurement finds no module and every later one does nothing (a couple of
-function calls each); with the API but no SDK configured, the API's own no-op instruments record nothing.
-
-What can go wrong: a metrics pipeline must never break a lock. The OpenTelemetry API promises not to raise, but an
-SDK may run the application's code on the recording thread (a custom aggregation or exemplar reservoir, or a
-provider of its own), so every measurement here catches ``Exception``: the first one is logged as a warning on the
-``distlock`` logger, later ones at debug level, and the lock carries on. Exporters run on their own threads (a
-periodic reader, a Prometheus scrape) and cannot reach the lock at all. A lock still held when its process dies
-records no hold time; one still held when its client is closed counts as lost.
+What can go wrong: a metrics pipeline must never break a lock. An SDK may run the application's code on the recording
+thread, so every measurement catches ``Exception``: the first is logged as a warning on the ``distlock`` logger,
+later ones at debug level, and the lock carries on. A lock still held when its process dies records no hold time;
+one still held when its client is closed counts as lost.
 """
 
 from __future__ import annotations

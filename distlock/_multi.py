@@ -30,8 +30,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self, Unpack
 
 from . import _clock
+from ._asynclock import AsyncLock
 from ._errors import ConfigurationError, DistlockError, LockNotAcquired
-from ._lock import AsyncLock, Fence, Lock, LockOptions
+from ._lock import Fence, Lock
+from ._lockoptions import LockOptions
 
 if TYPE_CHECKING:
     from ._context import Context

@@ -10,7 +10,7 @@ name to the next across client and server restarts. Semaphores and read/write lo
 kind is in its nonce, and ``_shape`` holds the grant rule. Optional capabilities (:class:`Inspectable`,
 :class:`Recording`, entries of other kinds) are declared by the backend (``unsupported``) and checked where a user
 asks for them. Errors: only :mod:`distlock` errors, the client library's as ``__cause__``, after retrying what is
-safe within the request timeout. docs/design.md tells why each member is shaped as it is.
+safe within the request timeout. Each member's docstring says why it exists.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Unpack
 
-from ._lock import AsyncLock, Lock, LockOptions, check_options
+from ._asynclock import AsyncLock
+from ._lock import Lock
+from ._lockoptions import LockOptions, check_options
 from ._shape import READ, WRITE
 
 if TYPE_CHECKING:

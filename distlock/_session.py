@@ -1,46 +1,19 @@
 """Sessions: one lease per client and TTL, kept alive by one background thread, and the deadline that says "lost".
 
-Every lock a client takes with the same TTL hangs on one lease, so holding 10,000 locks costs one refresh every TTL/3
-(of the granted TTL), not 10,000. A lease is never shorter than :data:`MIN_TTL` (one second), and the server may grant
-more than was asked: etcd counts whole seconds (it rounds up, and has a minimum of its own of a second or more), Redis
-milliseconds. Everything here is scheduled from the TTL the server *granted* (``Lease.ttl``), never from the one asked
-for: a ``ttl=0.001`` lock is refreshed three times a second, like any one-second lease.
+Every lock a client takes with the same TTL hangs on one lease, refreshed every third of the TTL the server *granted*
+(at least :data:`MIN_TTL`, one second). The keeper keeps a deadline per lease on the boot-time clock: the time the
+last successful refresh was **sent** plus the granted TTL, less a margin. When a refresh answers "lease gone" or the
+deadline passes, the session is *lost* for good: its held locks are marked lost, its waiters woken to queue again on a
+new lease, and the lease revoked, best effort. A second thread, the *cleaner*, does everything else that talks to the
+server or runs user code (revokes, ``max_hold`` removals, orphan deletions, ``on_lost`` callbacks, the check after
+each refresh that held tickets are still there, and the sweep of *strays*, tickets a late copy of a retried join may
+make), so nothing slow stands between a lease and its next refresh. Why each of these exists: docs/design.md,
+"The session keeper".
 
-The keeper thread refreshes each lease and keeps a *deadline* per lease on the boot-time clock: the time the last
-successful refresh was **sent** plus the TTL the server granted, less a margin. The server restarted its TTL countdown
-no earlier than that send, so until the deadline the lease cannot have expired. When a refresh answers "lease gone", or
-the deadline passes without a successful refresh (the lock service unreachable, or this process was paused — SIGSTOP, a
-GC pause, a suspended laptop), the session is *lost*: every lock held on it is marked lost (flag, event, callback),
-every waiter on it is woken to queue again on a new lease, and the old lease is revoked, best effort, so the server
-agrees with what the locks now say. A lost session is never revived. The keeper also enforces each held lock's maximum
-hold time (the lock is marked lost and its key deleted, revision-checked).
-
-Work that talks to the server for something other than a refresh, or runs user code, is done by a second thread, the
-*cleaner*: revoking lost leases, deleting the key of a lock past its maximum hold time, retrying deletions that failed
-while the server was away ("orphans", so that a waiter that gave up during an outage cannot block its queue for as
-long as its lease lives), the locks' ``on_lost`` callbacks, and, after each refresh of a lease that holds locks, one
-check that their keys are still there: an operator's force release deletes a holder's key and leaves the lease, which
-the client's other locks share, alive, so only that check can tell the holder (it is then marked lost). So a slow
-callback or a revoke stuck on an unreachable server never delays a refresh, and a short lease on the same client
-does not lapse meanwhile.
-
-The cleaner also sweeps *strays*. A request that timed out may still be executed later: a frozen etcd member reads
-it when it resumes (gRPC restarts the request's deadline when it reads it), a paused Redis runs what waits in its
-socket. For every request that only deletes or reads, a late copy is harmless (a delete is checked against the
-exact key and token). Joining a queue is different: it creates the waiter's key if it is absent, and after the
-waiter has released or given up, a late copy finds it absent and creates it again, on the client's live lease, where
-nobody will ever release it: the lock would be stuck for as long as the client lives. So when a join was sent more
-than once, or failed with its outcome unknown, the lock registers its key as a :class:`Stray`; once the lock is
-done with that key, the cleaner looks for it after each refresh (after 1, 2, 4, ... refresh intervals, for as long
-as the lease lives: a key can only be created on a live lease) and removes it, revision-checked, if a late copy
-made it. A client never does this work unless a join needed a retry.
-
-What can go wrong: neither thread dies of an exception: one that escapes a refresh, a clean-up job or a callback is
-logged (logger ``distlock``) and the thread goes on; a refresh that raised is retried soon, and the deadline still
-decides when its session is lost. A slow ``on_lost`` callback delays the clean-up jobs queued behind it (a revoke, an
-orphan deletion), never a refresh. ``close()`` revokes every lease itself and waits a little for the cleaner to run
-what is queued (callbacks of locks the close made lost among it). After ``fork()`` the child gets an empty keeper and
-no threads: the parent's leases are neither refreshed nor revoked by the child.
+What can go wrong: neither thread dies of an exception: one that escapes is logged (logger ``distlock``) and the
+thread goes on; the deadline still decides when a session is lost. A slow ``on_lost`` delays the clean-up queued
+behind it, never a refresh. ``close()`` revokes every lease and waits a little for the cleaner. After ``fork()`` the
+child gets an empty keeper and no threads: the parent's leases are neither refreshed nor revoked by the child.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The admin's handle on the lock page: a model without a table, for the admin index entry and the permission.
 
-Django attaches permissions and admin index entries to models, and a lock lives in etcd or Redis, not in a table.
-``DistributedLock`` is unmanaged (``managed = False``: ``migrate`` creates no table for it) and has no default
-add/change/delete/view permissions, only ``distlock_django.force_release_lock``, which the admin checks before it
-force-releases a lock (superusers always have it). Its migration exists so that Django creates the content type
-and the permission, and so that ``makemigrations --check`` in your project finds nothing to do.
+Django attaches permissions and admin index entries to models, and locks live in the lock service (even with
+``django://``, in the lock table's own tables, not in a model's). ``DistributedLock`` is unmanaged (``managed =
+False``: ``migrate`` creates no table for it) and has no default add/change/delete/view permissions, only
+``distlock_django.force_release_lock``, which the admin checks before it force-releases a lock (superusers always
+have it). Its migration exists so that Django creates the content type and the permission, and so that
+``makemigrations --check`` in your project finds nothing to do.
 
 What can go wrong: querying it (``DistributedLock.objects.all()``) fails, as there is no table; read locks with
 ``get_client().inspect()`` instead.

@@ -2,8 +2,8 @@
 
 ``inspector`` lists this project's locks (names under ``DISTLOCK["KEY_PREFIX"]``), one row per lock: its holder's
 owner id, the number of waiters, the holder's fencing token and the seconds its lease has left, 100 locks a page,
-searched by name prefix (``?q=``). How long the holder has held the lock is not shown: neither etcd nor Redis
-records when a waiter reached the head of its queue.
+searched by name prefix (``?q=``). How long the holder has held the lock is not shown: the
+backends do not record when a waiter reached the head of its queue.
 
 ``force_release`` asks for confirmation (GET: the holder and the token the operator saw, and the holder as it is
 now), then (POST, CSRF-checked) calls ``Client.force_release(name, token)``, which removes the holder only if its

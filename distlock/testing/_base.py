@@ -3,8 +3,9 @@
 `_Server` owns a private temporary directory (data, log, sockets, certificates), the server's process tree and
 a finalizer, and does what every server does the same way: start (choosing free loopback ports, and choosing
 again when one was taken before the server bound it), wait until ready, stop, kill, pause, resume, restart,
-close, ``with``, the log and its tail. A server module (``_etcd``, ``_redis``, ``_postgres``) says only what
-differs: its command line, when it is ready, how it shuts down, which ports it needs and what to do once.
+close, ``with``, the log and its tail. A server module (``_etcd``, ``_redis``, ``_postgres``, ``_mariadb``,
+``_zookeeper``) says only what differs: its command line, when it is ready, how it shuts down, which ports it
+needs and what to do once.
 
 What can go wrong:
 

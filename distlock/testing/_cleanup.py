@@ -1,15 +1,15 @@
 """Removing every key under a client's key prefix: how the pytest plugin leaves a lock server as it found it.
 
-Closing a client releases the locks it holds, but not every key a backend wrote goes with them: on Redis a lock's
-token counter never expires (that is what keeps its tokens increasing), and a wake-up list can outlive its
-waiter; on etcd every key is on a lease, so only a client that never closed (a crashed process, a client the test
-forgot) leaves keys behind, until its lease runs out; on ZooKeeper the same holds for waiters' nodes (on their
-sessions), and each lock's own node stays (empty) by design. `remove_keys` deletes them all, for one prefix, right
-away (on ZooKeeper: the waiters' nodes, not the empty lock nodes; in memory: the prefix's queues and records).
+Closing a client releases the locks it holds, but not every key a backend wrote goes with them: a Redis lock's
+token counter never expires (that keeps its tokens increasing) and a wake-up list can outlive its waiter; a crashed
+or unclosed client's tickets stay until its lease runs out (etcd keys, ZooKeeper nodes, SQL table rows).
+`remove_keys` deletes them for one prefix, right away: every key (etcd, Redis), the waiters' nodes but not the empty
+lock nodes (ZooKeeper), the queue entries but not the leases and lock rows (SQL lock table). It reaches into each
+backend's private helpers, as a test tool may; in memory, the prefix's queues and records.
 
-Only for a prefix no live program uses: a holder whose keys are deleted loses its lock (on etcd at once; on Redis
-its next waiter walks in), and a deleted Redis token counter starts again from the server clock. Prefixes are
-matched as strings, so removing prefix ``a`` also removes the keys of a prefix ``a/b`` (etcd) or ``a:b`` (Redis).
+Only for a prefix no live program uses: a holder whose keys are deleted loses its lock, and a deleted Redis token
+counter starts again from the server clock. Prefixes are matched as strings, so removing ``a`` also removes the
+keys of ``a/b`` (etcd) or ``a:b`` (Redis).
 
 What can go wrong: the server errors of any request (`BackendUnavailable`, `AuthenticationFailed`), and on a
 Redis Cluster a slot moving between the scan and the delete leaves that key behind.

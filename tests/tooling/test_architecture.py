@@ -1,5 +1,6 @@
 """The layout holds: no import cycle between library modules, no private name imported across packages, no distlock
-URL parsed outside the backends, and ``distlock`` never imports the integrations or tools built on it.
+URL parsed outside the backends, no module too long to read, no handle reaching into its client, a narrow seam,
+and ``distlock`` never imports the integrations or tools built on it.
 
 Every module of ``distlock``, ``distlock_django``, ``distlock_sqla``, ``benchmarks`` and ``faults`` is parsed (not
 imported) with ``ast``. An import counts wherever it is written — at module level or inside a function — except under
@@ -246,9 +247,104 @@ def test_no_url_is_parsed_outside_the_backends(package: str) -> None:
     )
 
 
+#: The most lines a module of ``distlock`` may have: a file a reader can hold (issue 23, point 5).
+MAX_LINES = 600
+#: Modules over the limit for now. Issue 23: these four backends are being split into packages of several modules
+#: (each by its own change); this list is emptied when they land, and nothing else may be added to it.
+TOO_LONG_FOR_NOW = frozenset(
+    {
+        "distlock.backends.etcd._backend",
+        "distlock.backends.redis._backend",
+        "distlock.backends.sqltable._backend",
+        "distlock.backends.zookeeper._backend",
+    }
+)
+
+
+def test_no_module_is_longer_than_a_reader_can_hold() -> None:
+    too_long = {
+        f"{module}: {lines} lines"
+        for module, path in MODULES.items()
+        if module.split(".")[0] == "distlock"
+        and module not in TOO_LONG_FOR_NOW
+        and (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by concern):\n" + "\n".join(sorted(too_long))
+
+
+#: The modules of the handles a client makes (lock, semaphore, read/write lock, multi-lock, election): they reach
+#: their client only through the ``Context`` they are given (``_context.py``).
+HANDLE_MODULES = (
+    "distlock._asynclock",
+    "distlock._election",
+    "distlock._lock",
+    "distlock._lockoptions",
+    "distlock._multi",
+    "distlock._rwlock",
+)
+#: The client's private names a handle could reach for instead of its context.
+CLIENT_PRIVATE = frozenset({"_backend", "_keeper", "_while_open", "_client"})
+
+
+def _client_private_uses(module: str, source: str) -> list[str]:
+    """Every use of a client's private name in ``module``'s ``source`` (``module:line: name``): an attribute in
+    ``CLIENT_PRIVATE``, ``._context`` on anything but ``self`` (a handle's own context is ``self._context``), or the
+    ``_client`` module imported."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=module)):
+        if isinstance(node, ast.Attribute):
+            on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+            if node.attr in CLIENT_PRIVATE or (node.attr == "_context" and not on_self):
+                found.append(f"{module}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in CLIENT_PRIVATE:
+            found.append(f"{module}:{node.lineno}: {node.id}")
+        elif isinstance(node, ast.ImportFrom) and (
+            (node.module or "").split(".")[-1] == "_client" or any(a.name == "_client" for a in node.names)
+        ):
+            found.append(f"{module}:{node.lineno}: import of _client")
+    return found
+
+
+def test_handles_reach_their_client_only_through_their_context() -> None:
+    assert set(HANDLE_MODULES) <= set(MODULES)
+    uses = [found for module in HANDLE_MODULES for found in _client_private_uses(module, MODULES[module].read_text())]
+    assert not uses, "handle modules touching a client's private names (use the Context):\n" + "\n".join(uses)
+
+
+def test_the_backend_protocol_stays_narrow() -> None:
+    """``Backend`` has exactly these members (annotations and methods); why each exists is in its docstring. A new
+    member widens the seam every backend implements: give it a reason there, and a second caller, before it is
+    counted here."""
+    tree = ast.parse((ROOT / "distlock" / "_protocol.py").read_text())
+    (backend,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Backend"]
+    members = [
+        node.name if isinstance(node, ast.FunctionDef) else ast.unparse(node.target)
+        for node in backend.body
+        if isinstance(node, ast.AnnAssign | ast.FunctionDef)
+    ]
+    assert members == [
+        "description",
+        "unsupported",
+        "check",
+        "grant_lease",
+        "keep_alive",
+        "revoke_lease",
+        "enqueue",
+        "position",
+        "wait",
+        "dequeue",
+        "head",
+        "missing_tickets",
+        "discard",
+        "close",
+        "after_fork",
+    ]
+    assert len(members) == 15
+
+
 def test_the_rules_catch_what_they_are_for() -> None:
     """The checks above would see a violation: a cycle, a private import across packages, a TYPE_CHECKING import, a
-    URL parser."""
+    URL parser, a client's private name."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert _private_crossing(Import("distlock_sqla._ops", "distlock._errors", ("ConfigurationError",), 1))
     assert _private_crossing(Import("distlock.celery._task", "distlock", ("_held",), 1))
@@ -261,5 +357,8 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert _url_parsing("m", "scheme = url.partition('://')[0]\n") == []
     assert _upward(Import("distlock.testing._plugin", "distlock_django", (), 1))
     assert not _upward(Import("distlock_django._pytest_plugin", "distlock", (), 1))
+    assert _client_private_uses("m", "client._backend.head(name)\nself._context.keeper\n") == ["m:1: ._backend"]
+    assert _client_private_uses("m", "self._client._context\n") == ["m:1: ._context", "m:1: ._client"]
+    assert _client_private_uses("m", "from ._client import Client\n") == ["m:1: import of _client"]
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n")
     assert [ast.unparse(node) for node in _statements(tree)] == ["from typing import TYPE_CHECKING", "import b"]
