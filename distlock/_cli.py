@@ -32,7 +32,7 @@ from typing import Any
 
 from ._client import Client, connect
 from ._errors import ConfigurationError, DistlockError
-from ._protocol import Holder, LockState
+from ._protocol import PROCESSES, Holder, LockState
 from ._table import format_lock_table
 
 __all__ = ["main"]
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sql-tables":
             return _sql_tables(url, args, options)
         with connect(url, **options) as client:
+            client._context.require(PROCESSES, "the distlock command (another process)")
             return _run(client, args)
     except ConfigurationError as e:
         print(f"{PROG}: {e}", file=sys.stderr)

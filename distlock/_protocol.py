@@ -28,6 +28,7 @@ from ._errors import BackendError
 
 __all__ = [
     "KINDS",
+    "PROCESSES",
     "RECORDS",
     "Backend",
     "Head",
@@ -213,6 +214,7 @@ class Head:
 #: The optional capabilities a backend may lack, by the name its ``unsupported`` mapping uses.
 RECORDS = "records"  # Recording: an election's record
 KINDS = "kinds"  # queue entries of other kinds than a plain lock's: semaphores, read/write locks
+PROCESSES = "processes"  # locks other processes see (the ``distlock`` command, other workers)
 
 
 @runtime_checkable
@@ -238,8 +240,9 @@ class Backend(Protocol):
 
     #: Where the backend points, for error messages: ``"etcd at 127.0.0.1:2379"``.
     description: str
-    #: The optional capabilities (:data:`RECORDS`, :data:`KINDS`) this backend lacks, each with the reason a user is
-    #: told when asking for it (``client.election()``, ``client.semaphore()``, ``client.rwlock()``).
+    #: The optional capabilities (:data:`RECORDS`, :data:`KINDS`, :data:`PROCESSES`) this backend lacks, each with the
+    #: reason a user is told where asking for it (``client.election()``, ``client.semaphore()``, ``client.rwlock()``,
+    #: the ``distlock`` command).
     unsupported: Mapping[str, str]
 
     def check(self) -> None:

@@ -31,7 +31,19 @@ from typing import Any
 
 from .. import _clock
 from .._errors import ClientClosed, ConfigurationError
-from .._protocol import Head, Holder, Interrupt, Lease, LeaseGone, LockState, Position, Ticket, Waiter, owner_id
+from .._protocol import (
+    PROCESSES,
+    Head,
+    Holder,
+    Interrupt,
+    Lease,
+    LeaseGone,
+    LockState,
+    Position,
+    Ticket,
+    Waiter,
+    owner_id,
+)
 from .._shape import holding, kind_of, lock_state, refuse_mixed, waiting
 from ..backends import Scheme, _url
 
@@ -128,7 +140,9 @@ def _position(queue: list[_Entry], ticket: Ticket) -> Position:
 class MemoryBackend:
     """Lock primitives on the in-memory server ``name`` of this process (see the module). Thread-safe."""
 
-    unsupported: Mapping[str, str] = MappingProxyType({})  # every capability
+    unsupported: Mapping[str, str] = MappingProxyType(
+        {PROCESSES: "its locks live in this process only (a test double); use a lock service's URL"}
+    )
 
     def __init__(
         self, name: str = "", *, prefix: str = "distlock", connect_timeout: float = 5.0, request_timeout: float = 5.0

@@ -97,3 +97,11 @@ def test_a_repeated_join_returns_the_same_entry_and_discard_removes_it(url: str)
     assert backend.discard("job", lease, "a" * 16) == first.token
     assert not backend.dequeue(first)
     assert backend.discard("job", lease, "a" * 16) is None
+
+
+def test_the_distlock_command_refuses_memory_urls_it_cannot_see(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command runs in a process of its own: a memory:// service there is another, empty one. It says so."""
+    from distlock._cli import BAD_INPUT, main
+
+    assert main(["--url", url, "list"]) == BAD_INPUT
+    assert "the distlock command (another process) is not available on in-memory locks" in capsys.readouterr().err
