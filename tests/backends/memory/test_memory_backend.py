@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import pytest
 
 import distlock
-from distlock._protocol import Interrupt
+from distlock._protocol import KINDS, RECORDS, Interrupt
 from distlock.testing import MemoryBackend
 
 
@@ -105,3 +107,23 @@ def test_the_distlock_command_refuses_memory_urls_it_cannot_see(url: str, capsys
 
     assert main(["--url", url, "list"]) == BAD_INPUT
     assert "the distlock command (another process) is not available on in-memory locks" in capsys.readouterr().err
+
+
+def test_a_capability_a_backend_lacks_is_refused_at_the_call_that_asks_for_it(url: str) -> None:
+    """``Backend.unsupported`` names what a backend cannot do; the client refuses it where the user asks, with the
+    backend's reason, and nothing reaches the service."""
+
+    class NoRecords(MemoryBackend):
+        unsupported: Mapping[str, str] = MappingProxyType(
+            {RECORDS: "it keeps no records (test)", KINDS: "no kinds here (test)"}
+        )
+
+    client = distlock.Client(NoRecords(url.removeprefix("memory://")))
+    with client:
+        with pytest.raises(distlock.ConfigurationError, match=r"election .e. is not available on .*no records"):
+            client.election("e")
+        with pytest.raises(distlock.ConfigurationError, match=r"semaphore .s. is not available on .*no kinds"):
+            client.semaphore("s", 2)
+        with pytest.raises(distlock.ConfigurationError, match="read/write lock 'r' is not available"):
+            client.rwlock("r")
+        assert client.inspect() == []  # nothing was queued

@@ -135,3 +135,18 @@ def test_on_a_redis_cluster_only_the_released_lock_is_lost(redis_cluster: list[R
         for lock in kept:
             lock.ensure_held(verify=True)
             lock.release()
+
+
+def test_semaphores_and_rwlocks_are_refused_where_they_are_asked_for(cluster_url: str) -> None:
+    """A Cluster script may touch one slot, and the grant rule of semaphores and read/write locks reads every
+    holder's lease: the client says so when the handle is asked for, before any join (plain locks work)."""
+    with distlock.connect(cluster_url) as client:
+        for make in (
+            lambda: client.semaphore("jobs", 2),
+            lambda: client.rwlock("doc"),
+            lambda: client.async_rwlock("d"),
+        ):
+            with pytest.raises(distlock.ConfigurationError, match=r"is not available on .*one Redis server"):
+                make()
+        with client.lock("plain", ttl=5, timeout=5):
+            pass
