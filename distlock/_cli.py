@@ -103,7 +103,7 @@ def _sql_tables(url: str, args: argparse.Namespace, options: dict[str, Any]) -> 
     if not args.print_only:
         with connect(url, **options):  # connecting creates what is missing
             pass
-    from .backends.sqltable._backend import table_ddl
+    from .backends.sqltable._schema import table_ddl
 
     print("\n\n".join(f"{statement};" for statement in table_ddl(config.url, config.prefix)))
     return 0

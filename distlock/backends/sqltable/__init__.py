@@ -1,9 +1,11 @@
 """The SQL lock table backend (``sql+postgresql://``, ``sql+mysql://``, ``sql+sqlite:///``; the ``sqltable``
-extras): lock tables in the application's own database through SQLAlchemy Core, in ``_backend``.
+extras): lock tables in the application's own database through SQLAlchemy Core. ``_backend`` is the backend, over
+``_schema`` (the tables, their DDL), ``_dialects`` (what differs between databases and drivers), ``_queue`` (a
+lock's entries and a waiter's place) and ``_notify`` (LISTEN/NOTIFY, socket deadlines); ``_url`` parses its URLs.
 
-Importing this package imports no client library; ``_backend`` imports SQLAlchemy and is loaded only when a SQL URL
-is used; ``_url`` parses its URLs. :func:`driver_extra` reads the scheme table for ``_backend``'s hint when a driver
-is missing.
+Importing this package imports no client library; the modules above but ``_url`` import SQLAlchemy and are loaded
+only when a SQL URL is used (``distlock sql-tables --print-only`` loads ``_schema`` alone). :func:`driver_extra`
+reads the scheme table for ``_dialects``' hint when a driver is missing.
 """
 
 from __future__ import annotations

@@ -1,94 +1,34 @@
-"""The SQL lock table backend: the primitives of ``_protocol.Backend`` as rows in the application's own database,
-through SQLAlchemy Core (PostgreSQL with psycopg, MariaDB/MySQL with PyMySQL, SQLite).
+"""The SQL lock table backend: the primitives of ``_protocol.Backend`` as rows of three tables (``_schema``) in the
+application's own database, through SQLAlchemy Core (PostgreSQL with psycopg, MariaDB/MySQL with PyMySQL, SQLite).
+How it works — leases on the database server's clock, row ids as tokens, joins of one lock serialised on its row,
+waiting by LISTEN/NOTIFY or by polling: docs/operations/sql-table.md.
 
-Three tables, named after the URL's prefix (``distlock`` by default), created on first use (or beforehand by
-``distlock sql-tables --url URL``, which also prints their DDL for a DBA; :func:`table_ddl` is the one place it is
-written)::
+Every request is one transaction at READ COMMITTED (SQLite: one writer at a time), retried within the request
+timeout, and safe to send again: a join sent again first looks for its own nonce; removals are by id and name,
+never by name alone (a force release is the core's ``head`` then ``dequeue`` at the token it saw); refreshes extend
+only a live lease; reads remove only entries seen dead, which never come back.
 
-    distlock_leases   (id, ttl, expires_at)                  one row per client session lease
-    distlock_waiters  (id, name, lease_id, nonce, owner)     one row per queue entry; id is the fencing token
-    distlock_locks    (name_key, record)                     one row per lock name ever used: serialises joins,
-                                                             and keeps the lock's record
-
-- A *lease* is a row with a random 63-bit id and ``expires_at``, seconds since the epoch **by the database server's
-  clock**: ``grant_lease`` and ``keep_alive`` write ``expires_at = <server now> + ttl`` in SQL, and every liveness
-  check compares ``expires_at > <server now>`` in SQL, so no client's clock (off by an hour, stepped, frozen)
-  makes a lease look longer or shorter than the server says. The server's now is PostgreSQL's
-  ``clock_timestamp()``, MariaDB's ``NOW(6)`` (in a session time zone of UTC), and SQLite's ``julianday('now')``:
-  SQLite has no server, so there it is the clock of whichever process runs the statement (one machine's clock).
-  A refresh only extends a lease that is still alive (``WHERE expires_at > now``): a dead lease never comes back,
-  so an entry seen dead stays dead, and whoever sees it may remove it.
-- A *waiter* is a row whose auto-increment ``id`` orders the queue and, at its head, is the fencing token. It never
-  repeats: PostgreSQL takes it from an identity sequence, which never hands out a value twice (not after a
-  rollback, not after a crash: it may skip values, never repeat them); MariaDB's InnoDB keeps its AUTO_INCREMENT
-  counter in the redo log since 10.2.4, so deleting the largest row and restarting does not lower it; SQLite's
-  ``AUTOINCREMENT`` keeps the largest id ever used in ``sqlite_sequence`` (without the keyword it would reuse the
-  largest id once its row is deleted).
-- An auto-increment value is assigned when a row is inserted, not when it commits: two joins of one lock could
-  commit out of id order, and a reader that saw only the later one would let it hold while the earlier one, with
-  the smaller token, appears ahead of it a moment later. So a join first locks its lock's row in
-  ``distlock_locks`` (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` locks the whole database): the joins
-  of one lock take their ids one after another, each after the previous one committed. Joins of different locks
-  do not wait for each other (their ids are unique and comparable, but may commit out of order).
-
-Holder: the entries of a name whose lease is alive, in id order, hold by the grant rule of ``_shape`` (a mutex: the
-first one). An entry whose lease expired (or whose lease row is gone) is dead; whoever reads a queue to learn its
-own place removes the dead entries ahead of it in the same transaction, and ``grant_lease`` removes expired leases
-with their entries. Release, give-up and force release are revision-checked: ``DELETE ... WHERE id = :token AND
-name = :name``, never by name alone; a force release first reads the live head and deletes it only if its id is
-still the token the operator saw. Every read runs at READ COMMITTED (SQLite: serialisable, one writer at a time).
-
-Waiting: on PostgreSQL with ``LISTEN``/``NOTIFY``. Every removal sends a notification, delivered at commit, on the
-entry's own channel (``<prefix>_w<id>``) and on its lock's (``<prefix>_l<hash of the name>``). A waiter listens on
-the channel of the one entry it waits for (the one just ahead; for a reader the newest writer ahead), so a release
-wakes one waiter; a semaphore waiter, which waits for any of several, listens on its lock's channel. After it has
-subscribed, the waiter reads its place again before it sleeps, so a removal between its last read and its
-subscription is never missed. It listens on a connection of its own, kept for the next wait. On MariaDB and SQLite,
-which have no notifications, a waiter polls: it reads its place again every 50 ms (sooner when a waiter of the same
-process released). Either way, a waiter never sleeps past the moment the lease of an entry ahead of it would expire
-without reading again (that entry may be dead then), and an :class:`~distlock._protocol.Interrupt` wakes it at once.
-
-What can go wrong: the database can be down, restarting, paused or refuse us. A connection that cannot be opened or
-breaks, a deadlock, a serialisation failure, a lock wait timeout or a busy SQLite file are retried within the
-request timeout (every request is safe to send again: a join sent again first looks for its own nonce, removals
-are by id and name, refreshes and reads change nothing twice), then raise ``BackendUnavailable`` with SQLAlchemy's
-exception as ``__cause__`` (its ``orig`` is the driver's); bad credentials or missing privileges raise
-``AuthenticationFailed``; a database that does not exist (a SQLite file that cannot be made) is a
-``ConfigurationError`` from ``check()``, where the URL is given, and a ``BackendError`` later. A statement that
-does not answer by its attempt's deadline (a paused server keeps the connection open and says nothing) has its
-socket shut down by a watchdog thread, so no request outlives its deadline. A server clock that steps makes every
-lease that much longer or shorter (the token still holds: it does not depend on the clock). SQLite serves the
-processes of one machine only; its readers share the file, its writers take turns (``BEGIN IMMEDIATE``).
+What can go wrong: a database that is down, restarting, paused or busy is retried, then ``BackendUnavailable`` with
+SQLAlchemy's exception as ``__cause__``; refused credentials are ``AuthenticationFailed``; a database that does not
+exist is a ``ConfigurationError`` from ``check()`` (``_dialects`` reads each driver's errors). No request outlives
+its deadline (``_notify.ShutdownAtDeadline``). A step of the server's clock makes every lease that much longer or
+shorter; tokens do not depend on it. SQLite serves the processes of one machine only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import heapq
-import itertools
 import logging
 import math
-import os
 import secrets
-import select
-import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ... import _clock
-from ..._errors import (
-    AuthenticationFailed,
-    BackendError,
-    BackendUnavailable,
-    ClientClosed,
-    ConfigurationError,
-    DistlockError,
-)
+from ..._errors import BackendError, BackendUnavailable, ClientClosed, ConfigurationError
 from ..._protocol import (
     Head,
     Holder,
@@ -102,28 +42,42 @@ from ..._protocol import (
     owner_id,
     unreachable,
 )
-from ..._retry import Attempt, ErrorTable, retrying
-from ..._shape import holding, kind_of, lock_state, refuse_mixed, waiting, waits_on
-from . import driver_extra
+from ..._retry import Attempt, retrying
+from ..._shape import kind_of, lock_state, refuse_mixed, waiting
 
 try:
     import sqlalchemy as sa
-    from sqlalchemy import exc as sa_exc
-    from sqlalchemy.dialects import mysql as sa_mysql
-    from sqlalchemy.dialects import postgresql as sa_postgresql
-    from sqlalchemy.dialects import sqlite as sa_sqlite
-    from sqlalchemy.engine import URL, Connection, Engine
-    from sqlalchemy.ext.compiler import compiles
-    from sqlalchemy.schema import CreateIndex, CreateTable
-    from sqlalchemy.sql.compiler import SQLCompiler
-    from sqlalchemy.sql.functions import FunctionElement
+    from sqlalchemy.engine import URL, Connection
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError(
         "the SQL lock table backend needs the 'sqltable' extra: pip install 'distlock-fenced[sqltable]' (SQLAlchemy; "
         "sqltable-postgresql adds psycopg, sqltable-mysql PyMySQL)"
     ) from _e
 
-__all__ = ["SqlTableBackend", "lock_tables", "table_ddl"]
+from ._dialects import (
+    NoDatabase,
+    bound_sqlite_wait,
+    connect_args,
+    create_engine,
+    driver_socket,
+    error_table,
+    insert_ignore,
+    server_now,
+    set_up_sessions,
+)
+from ._notify import (
+    ListenConnections,
+    LocalWakeups,
+    ShutdownAtDeadline,
+    end_setup_watch,
+    entry_channel,
+    lock_channel,
+    notify_removed,
+)
+from ._queue import Entry, WaitingPosition, place_of, read_entries, same_place, seconds
+from ._schema import create_missing_tables, lock_tables, name_key
+
+__all__ = ["SqlTableBackend"]
 
 log = logging.getLogger("distlock")
 
@@ -133,320 +87,6 @@ _R = TypeVar("_R")
 POLL_INTERVAL = 0.05
 #: Wake this long after a lease ahead would expire, so that the server sees it expired when we read.
 _EXPIRY_SLACK = 0.01
-#: Idle LISTEN connections kept for the next wait (PostgreSQL).
-_IDLE_LISTENERS = 4
-#: The longest lock name (``_names.MAX_NAME_BYTES``: 1,024 bytes of UTF-8, so at most 1,024 characters).
-_NAME_LENGTH = 1024
-#: MariaDB indexes at most 3,072 bytes of a key: index the first 255 characters of a name (utf8mb4: 1,020 bytes).
-_MYSQL_NAME_PREFIX = 255
-
-
-# -- the server's clock, in SQL --------------------------------------------------------------------------------
-
-
-class server_now(FunctionElement[float]):  # noqa: N801 - a SQL function, named like one
-    """The database server's current time in seconds since the epoch, as a float (see the module docstring)."""
-
-    type = sa.Double()
-    inherit_cache = True
-
-
-@compiles(server_now, "postgresql")
-def _now_postgresql(element: server_now, compiler: SQLCompiler, **kw: Any) -> str:
-    # clock_timestamp(), not now(): now() is the start of the transaction.
-    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
-
-
-@compiles(server_now, "mysql")
-@compiles(server_now, "mariadb")
-def _now_mysql(element: server_now, compiler: SQLCompiler, **kw: Any) -> str:
-    # The session's time zone is UTC (set on connect), so NOW(6) has no daylight-saving fold to misread.
-    return "UNIX_TIMESTAMP(NOW(6))"
-
-
-@compiles(server_now, "sqlite")
-def _now_sqlite(element: server_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "((julianday('now') - 2440587.5) * 86400.0)"
-
-
-# -- the tables ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Tables:
-    metadata: sa.MetaData
-    leases: sa.Table
-    waiters: sa.Table
-    locks: sa.Table
-
-
-def lock_tables(prefix: str) -> _Tables:
-    """The three tables of the lock table named ``<prefix>_leases``, ``<prefix>_waiters``, ``<prefix>_locks``."""
-    metadata = sa.MetaData()
-    token = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite's AUTOINCREMENT needs INTEGER
-    # MariaDB/MySQL: UTF-8 and a binary collation, so names compare as they do elsewhere ('A' is not 'a').
-    text_options: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
-    leases = sa.Table(
-        f"{prefix}_leases",
-        metadata,
-        sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=False),
-        sa.Column("ttl", sa.Double(), nullable=False),
-        sa.Column("expires_at", sa.Double(), nullable=False),
-        sa.Index(f"{prefix}_leases_expires_at", "expires_at"),
-        **text_options,
-    )
-    waiters = sa.Table(
-        f"{prefix}_waiters",
-        metadata,
-        # PostgreSQL: GENERATED ALWAYS, so that not even an INSERT naming an id can reuse one.
-        sa.Column("id", token, sa.Identity(always=True), primary_key=True),
-        sa.Column("name", sa.String(_NAME_LENGTH), nullable=False),
-        sa.Column("lease_id", sa.BigInteger(), nullable=False),
-        sa.Column("nonce", sa.String(64), nullable=False),
-        sa.Column("owner", sa.Text(), nullable=False),
-        sa.Index(f"{prefix}_waiters_name_id", "name", "id", mysql_length={"name": _MYSQL_NAME_PREFIX}),
-        sa.Index(f"{prefix}_waiters_lease_id", "lease_id"),
-        sqlite_autoincrement=True,
-        **text_options,
-    )
-    locks = sa.Table(
-        f"{prefix}_locks",
-        metadata,
-        sa.Column("name_key", sa.String(64), primary_key=True),  # sha256 of the name, hex: any name, one key length
-        # The lock's record (``write_record``); a length past 64 KiB makes it a MEDIUMBLOB on MariaDB/MySQL.
-        sa.Column("record", sa.LargeBinary(length=2**24 - 1), nullable=True),
-        **text_options,
-    )
-    return _Tables(metadata, leases, waiters, locks)
-
-
-def table_ddl(url: URL, prefix: str) -> list[str]:
-    """The DDL that creates the lock table's tables and indexes on ``url``'s database, one statement per item.
-
-    Compiled for the URL's dialect without connecting (the driver need not be installed)."""
-    dialect = url.get_dialect()()
-    tables = lock_tables(prefix)
-    statements = []
-    for table in tables.metadata.sorted_tables:
-        statements.append(str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)).strip())
-        statements.extend(
-            str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)).strip()
-            for index in sorted(table.indexes, key=lambda index: str(index.name))
-        )
-    return statements
-
-
-def _name_key(name: str) -> str:
-    return hashlib.sha256(name.encode("utf-8")).hexdigest()
-
-
-# -- errors ----------------------------------------------------------------------------------------------------
-
-#: PostgreSQL SQLSTATEs: retry (the server is starting or stopping, too busy, a deadlock or serialisation failure),
-#: refused (credentials, privileges) and a database that does not exist.
-_PG_RETRY = {"57P01", "57P02", "57P03", "53300", "40001", "40P01", "55P03"}
-_PG_REFUSED = {"28P01", "28000", "42501"}
-_PG_NO_DATABASE = {"3D000"}
-#: MySQL/MariaDB error codes, likewise: lost or refused connections, server shutdown, too many connections,
-#: lock wait timeout and deadlock; access denied; unknown database.
-_MYSQL_RETRY = {0, 1040, 1053, 1205, 1213, 2003, 2006, 2013, 2055}
-_MYSQL_REFUSED = {1044, 1045, 1142, 1143, 1227, 1698}
-_MYSQL_NO_DATABASE = {1049}
-
-
-def _code(error: BaseException) -> tuple[str, object]:
-    """The driver's view of a database error: (``"pg"``, SQLSTATE), (``"mysql"``, code) or (``"sqlite"``, message)."""
-    original = getattr(error, "orig", None) or error
-    module = type(original).__module__
-    if module.startswith("psycopg"):
-        return "pg", getattr(original, "sqlstate", None)
-    if module.startswith("pymysql"):
-        args = getattr(original, "args", ())
-        return "mysql", args[0] if args and isinstance(args[0], int) else 0
-    if module.startswith("sqlite3"):
-        return "sqlite", str(original)
-    return "", None
-
-
-#: What libpq says when the server refuses a connection before any SQLSTATE can be read (psycopg then has none).
-_PG_REFUSED_TEXT = ("password authentication failed", "no pg_hba.conf entry", 'role "', "permission denied")
-
-
-def _pg_connect_refusal(error: BaseException) -> str:
-    """For a failed PostgreSQL connection: ``"refused"`` (credentials), ``"no database"``, or ``""``."""
-    text = str(getattr(error, "orig", error))
-    if 'database "' in text and "does not exist" in text:
-        return "no database"
-    return "refused" if any(part in text for part in _PG_REFUSED_TEXT) else ""
-
-
-def _misnamed(error: BaseException) -> bool:
-    """Whether ``error`` says that the database the URL names does not exist (or, SQLite, cannot be opened)."""
-    driver, code = _code(error)
-    return (
-        (driver == "pg" and (code in _PG_NO_DATABASE or (code is None and _pg_connect_refusal(error) == "no database")))
-        or (driver == "mysql" and code in _MYSQL_NO_DATABASE)
-        or (driver == "sqlite" and "unable to open" in str(code))
-    )
-
-
-class _NoDatabase(BackendError):
-    """The URL's database does not exist: ``check()`` (``connect()``, where the URL is given) raises
-    ``ConfigurationError`` for it instead."""
-
-
-def _retryable(error: Exception) -> bool:
-    if isinstance(error, sa_exc.TimeoutError):  # no pooled connection free in time
-        return True
-    if not isinstance(error, sa_exc.DBAPIError):
-        return False
-    if error.connection_invalidated:
-        return True
-    driver, code = _code(error)
-    if driver == "pg":
-        if code is None:
-            return not _pg_connect_refusal(error)
-        return code in _PG_RETRY or str(code).startswith("08")
-    if driver == "mysql":
-        return code in _MYSQL_RETRY
-    if driver == "sqlite":
-        return "locked" in str(code) or "busy" in str(code)
-    return isinstance(error, (sa_exc.OperationalError, sa_exc.InterfaceError))
-
-
-class _Watchdog:
-    """Shuts down the socket of a request (or a new connection's set-up) still running at its deadline.
-
-    A paused (SIGSTOPped) database server keeps its connections open and answers nothing; libpq has no read timeout,
-    so without this a request would wait for it forever. Shutting the socket down makes the blocked call fail at
-    once; SQLAlchemy then drops the connection. The watchdog holds a duplicate of the socket's descriptor, not the
-    number the driver uses: if the driver closes its socket before it is unwatched (a connection whose set-up
-    failed), the shutdown still reaches that socket and never one that reused the number.
-    """
-
-    def __init__(self) -> None:
-        self._condition = threading.Condition()
-        self._deadlines: list[tuple[float, int]] = []
-        self._sockets: dict[int, socket.socket] = {}
-        self._numbers = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-
-    def watch(self, fd: int, deadline: float) -> Callable[[], None]:
-        """Shut the socket ``fd`` down at ``deadline`` unless the function returned is called first."""
-        try:
-            watched = socket.socket(fileno=os.dup(fd))
-        except OSError:  # already closed: nothing to watch
-            return lambda: None
-        with self._condition:
-            number = next(self._numbers)
-            self._sockets[number] = watched
-            heapq.heappush(self._deadlines, (deadline, number))
-            if self._thread is None or not self._thread.is_alive():
-                self._stopped = False
-                self._thread = threading.Thread(target=self._run, name="distlock-sql-watchdog", daemon=True)
-                self._thread.start()
-            self._condition.notify()
-
-        def unwatch() -> None:
-            with self._condition:
-                found = self._sockets.pop(number, None)
-            if found is not None:
-                found.close()
-
-        return unwatch
-
-    def stop(self) -> None:
-        with self._condition:
-            self._stopped = True
-            self._condition.notify()
-
-    def _run(self) -> None:
-        with self._condition:
-            while not self._stopped:
-                while self._deadlines and self._deadlines[0][1] not in self._sockets:
-                    heapq.heappop(self._deadlines)
-                if not self._deadlines:
-                    self._condition.wait(10.0)
-                    if not self._deadlines and not self._stopped:
-                        self._thread = None  # idle: the next watch() starts a new thread
-                        return
-                    continue
-                deadline, number = self._deadlines[0]
-                left = deadline - _clock.now()
-                if left > 0:
-                    self._condition.wait(left)
-                    continue
-                heapq.heappop(self._deadlines)
-                late = self._sockets.pop(number)
-                with contextlib.suppress(OSError):
-                    late.shutdown(socket.SHUT_RDWR)
-                late.close()
-
-
-def _driver_socket(driver: Any) -> int | None:
-    """The file descriptor of a driver connection's socket (psycopg, PyMySQL), or None (SQLite, closed)."""
-    pgconn = getattr(driver, "pgconn", None)
-    if pgconn is not None:
-        return int(pgconn.socket) if not driver.closed else None
-    sock = getattr(driver, "_sock", None)
-    return int(sock.fileno()) if sock is not None else None
-
-
-# -- places in a queue -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Entry:
-    id: int
-    nonce: str
-    lease_id: int
-    owner: str
-    ttl_left: float | None  # by the server's clock; None or <= 0: dead
-
-    @property
-    def alive(self) -> bool:
-        return self.ttl_left is not None and self.ttl_left > 0
-
-
-@dataclass(frozen=True)
-class _Place(Position):
-    """Where a waiter stands, with what it needs to wait well: the entries whose removal it waits for (their
-    notification channels) and the seconds until the first lease ahead of it would expire (then it reads again)."""
-
-    awaited: tuple[int, ...] = ()
-    semaphore: bool = False
-    recheck_in: float = math.inf
-
-
-def _place(entries: Sequence[_Entry], mine: _Entry) -> Position:
-    """The place of ``mine`` behind the live ``entries`` ahead of it (in id order), by the grant rule of ``_shape``."""
-    kinds = [kind_of(entry.nonce) for entry in entries] + [kind_of(mine.nonce)]
-    index = len(entries)
-    if holding(kinds)[-1]:
-        return Position(held=True, waiters_ahead=index)
-    recheck = min((entry.ttl_left or 0.0 for entry in entries), default=math.inf)
-    at = waits_on(kinds)
-    if at is None:  # a semaphore slot: any of the entries ahead leaving may let it in
-        awaited, semaphore = tuple(entry.id for entry in entries), True
-        ahead = entries[-1]
-    else:
-        ahead, awaited, semaphore = entries[at], (entries[at].id,), False
-    return _Place(
-        held=False,
-        ahead=str(ahead.id).encode(),
-        waiters_ahead=index,
-        awaited=awaited,
-        semaphore=semaphore,
-        recheck_in=max(recheck, 0.0),
-    )
-
-
-def _same_place(a: Position, b: Position) -> bool:
-    return (a.held, a.gone, a.ahead, a.waiters_ahead) == (b.held, b.gone, b.ahead, b.waiters_ahead)
-
-
-# -- the backend -----------------------------------------------------------------------------------------------
 
 
 class SqlTableBackend:
@@ -469,86 +109,39 @@ class SqlTableBackend:
         self.request_timeout = request_timeout
         self.description = f"SQL lock table {prefix}_* in {url.render_as_string(hide_password=True)}"
         self._dialect = url.get_backend_name()
-        self._mysql = self._dialect in ("mysql", "mariadb")
         self._notifies = self._dialect == "postgresql"
         self._mutex = threading.Lock()
         self._closed = False
         self._tables_ready = False
-        self._watchdog = _Watchdog()
-        self._listeners: list[Any] = []
-        self._local_wake: dict[str, set[threading.Event]] = {}
-        self._errors = ErrorTable(description=self.description, retryable=_retryable, translate=self._translate)
-        self._connect_args: dict[str, Any] = {}
-        self._engine = self._create_engine(url)
-
-    def _create_engine(self, url: URL) -> Engine:
-        connect_args = self._connect_args
+        self._shutdown_at_deadline = ShutdownAtDeadline()
+        self._local_wakeups = LocalWakeups()
+        self._errors = error_table(self.description)
         # A new connection is opened inside a request: it may take no longer than the request may.
         opening = min(self.connect_timeout, self.request_timeout)
-        if self._dialect == "postgresql":
-            connect_args["connect_timeout"] = max(2, math.ceil(opening))  # libpq: whole seconds, at least 2
-        elif self._mysql:
-            # PyMySQL's connect_timeout covers the TCP connect only; it reads the server's greeting with its read
-            # timeout, which a paused server would otherwise hold forever. (Requests on open connections have the
-            # watchdog besides.)
-            connect_args["connect_timeout"] = max(1, math.ceil(opening))
-            connect_args["read_timeout"] = connect_args["write_timeout"] = opening
-        elif self._dialect == "sqlite":
-            connect_args["timeout"] = self.request_timeout  # how long to wait for another writer (busy timeout)
-        options: dict[str, Any] = {"pool_timeout": self.request_timeout}
-        if self._dialect != "sqlite":
-            options["isolation_level"] = "READ COMMITTED"
-        try:
-            engine = sa.create_engine(url, connect_args=connect_args, **options)
-        except sa_exc.NoSuchModuleError as e:
-            raise ConfigurationError(
-                f"{self.description}: SQLAlchemy has no dialect or driver {url.drivername!r}"
-            ) from e
-        except ImportError as e:
-            extra = driver_extra(url.drivername)
-            hint = (
-                f"pip install 'distlock-fenced[{extra}]'" if extra else f"install the driver {url.drivername!r} names"
-            )
-            raise ConfigurationError(f"{self.description}: the database driver is not installed ({e}); {hint}") from e
-        except (sa_exc.ArgumentError, TypeError) as e:
-            raise ConfigurationError(f"{self.description}: {e}") from e
+        self._connect_args = connect_args(self._dialect, opening, self.request_timeout)
+        self._engine = create_engine(url, self.description, self._connect_args, self.request_timeout)
         # SQLAlchemy's first connection runs the dialect's own queries (server version, types) before any request
         # of ours: watch it too, from before those queries (insert=True) to the connect event that follows them.
-        sa.event.listen(engine, "first_connect", functools.partial(self._watch_setup, opening), insert=True)
-        sa.event.listen(engine, "connect", _setup_done)
-        if self._mysql:
-            sa.event.listen(engine, "connect", _utc_session)
-        elif self._dialect == "sqlite":
-            sa.event.listen(engine, "connect", _sqlite_no_implicit_transactions)
-            sa.event.listen(engine, "begin", _sqlite_begin)
-        return engine
+        sa.event.listen(self._engine, "first_connect", functools.partial(self._watch_setup, opening), insert=True)
+        sa.event.listen(self._engine, "connect", end_setup_watch)
+        set_up_sessions(self._engine, self._dialect)
+        self._listen_connections = self._new_listen_connections()
 
     def _watch_setup(self, seconds: float, dbapi_connection: Any, record: Any) -> None:
-        fd = _driver_socket(dbapi_connection)
-        if fd is not None:
-            record.info["distlock_unwatch"] = self._watchdog.watch(fd, _clock.now() + seconds)
+        # Through self: after a fork, the watching is the child's own.
+        self._shutdown_at_deadline.watch_setup(seconds, dbapi_connection, record)
+
+    def _new_listen_connections(self) -> ListenConnections:
+        return ListenConnections(
+            self._engine,
+            self._url,
+            self._connect_args,
+            self.description,
+            self.request_timeout,
+            self._shutdown_at_deadline,
+        )
 
     # -- request plumbing -------------------------------------------------------------------------------------
-
-    def _translate(self, error: Exception, what: str) -> BackendError | None:
-        if isinstance(error, sa_exc.TimeoutError):
-            return BackendUnavailable(f"{what}: no connection to {self.description} free in time")
-        if not isinstance(error, sa_exc.DBAPIError):
-            return None
-        driver, code = _code(error)
-        detail = str(getattr(error, "orig", error)).strip().splitlines()[0] if str(error).strip() else type(error)
-        refusal = _pg_connect_refusal(error) if driver == "pg" and code is None else ""
-        if (
-            refusal == "refused"
-            or (driver == "pg" and code in _PG_REFUSED)
-            or (driver == "mysql" and code in _MYSQL_REFUSED)
-        ):
-            return AuthenticationFailed(f"{what}: {self.description} refused access ({detail})")
-        if _misnamed(error):
-            return _NoDatabase(f"{what}: the database the URL names cannot be opened on {self.description} ({detail})")
-        if _retryable(error):
-            return BackendUnavailable(f"{what}: {self.description} did not answer ({detail})")
-        return BackendError(f"{what} failed on {self.description}: {detail}")
 
     @contextlib.contextmanager
     def _transaction(self, each: Attempt, writes: bool = True) -> Iterator[Connection]:
@@ -559,13 +152,9 @@ class SqlTableBackend:
                 raise ClientClosed(f"the distlock client for {self.description} is closed")
         with self._engine.connect() as connection:
             if self._dialect == "sqlite":
-                # How long BEGIN IMMEDIATE waits for another writer: until this attempt's deadline at most.
-                busy = max(int((each.deadline - _clock.now()) * 1000), 1)
-                driver: Any = connection.connection.driver_connection
-                driver.execute(f"PRAGMA busy_timeout = {busy}")
-                connection.info["distlock_writes"] = writes
-            fd = _driver_socket(connection.connection.driver_connection)
-            unwatch = self._watchdog.watch(fd, each.deadline) if fd is not None else None
+                bound_sqlite_wait(connection, each.deadline, writes)
+            fd = driver_socket(connection.connection.driver_connection)
+            unwatch = self._shutdown_at_deadline.watch(fd, each.deadline) if fd is not None else None
             try:
                 with connection.begin():
                     yield connection
@@ -573,7 +162,7 @@ class SqlTableBackend:
                 if unwatch is not None:
                     unwatch()
                 removed = connection.info.pop("distlock_removed", ())
-            self._wake_local(removed)  # committed: the removals are visible now
+            self._local_wakeups.wake(removed)  # committed: the removals are visible now
 
     def _run(
         self,
@@ -602,31 +191,14 @@ class SqlTableBackend:
 
         def create(each: Attempt) -> None:
             with self._transaction(each) as connection:
-                # Look first: creating needs privileges that a table a DBA made beforehand does not.
-                present = set(sa.inspect(connection).get_table_names())
-                for table in tables.metadata.sorted_tables:
-                    if table.name in present:
-                        continue
-                    connection.execute(CreateTable(table, if_not_exists=True))
-                    for index in table.indexes:
-                        connection.execute(CreateIndex(index, if_not_exists=True))
+                create_missing_tables(connection, tables)
 
-        def racing(error: Exception) -> bool:
-            # Two first users creating at once: PostgreSQL may report the loser's CREATE ... IF NOT EXISTS as a
-            # unique violation in its catalog. Looking again finds the tables.
-            return _retryable(error) or isinstance(error, sa_exc.IntegrityError)
-
-        errors = ErrorTable(description=self.description, retryable=racing, translate=self._translate)
+        # Two first users creating at once: looking again finds the tables.
+        errors = error_table(self.description, retry_conflicts=True)
         retrying("create the lock tables", create, deadline, errors)
         self._tables_ready = True
 
     # -- notifications ----------------------------------------------------------------------------------------
-
-    def _entry_channel(self, entry_id: int) -> str:
-        return f"{self._prefix}_w{entry_id}"
-
-    def _lock_channel(self, name: str) -> str:
-        return f"{self._prefix}_l{_name_key(name)[:32]}"
 
     def _removed(self, connection: Connection, name: str, ids: Sequence[int]) -> None:
         """Tell the waiters behind removed entries once the transaction commits: NOTIFY on PostgreSQL (delivered at
@@ -634,37 +206,12 @@ class SqlTableBackend:
         if not ids:
             return
         if self._notifies:
-            channels = [self._lock_channel(name), *(self._entry_channel(entry_id) for entry_id in ids)]
-            notify = sa.select(*(sa.func.pg_notify(channel, "") for channel in channels))
-            connection.execute(notify)
+            notify_removed(connection, self._prefix, name, ids)
         connection.info.setdefault("distlock_removed", set()).add(name)
-
-    def _wake_local(self, names: Iterable[str]) -> None:
-        for name in names:
-            with self._mutex:
-                events = list(self._local_wake.get(name, ()))
-            for event in events:
-                event.set()
 
     # -- queue reads ------------------------------------------------------------------------------------------
 
-    def _entries(self, connection: Connection, name: str, upto: int | None = None) -> list[_Entry]:
-        """Every entry of ``name`` (up to id ``upto``) in id order, with its lease's time left by the server."""
-        w, leases = self._tables.waiters, self._tables.leases
-        query = (
-            sa.select(w.c.id, w.c.nonce, w.c.lease_id, w.c.owner, (leases.c.expires_at - server_now()).label("left"))
-            .select_from(w.outerjoin(leases, leases.c.id == w.c.lease_id))
-            .where(w.c.name == name)
-            .order_by(w.c.id)
-        )
-        if upto is not None:
-            query = query.where(w.c.id <= upto)
-        return [
-            _Entry(int(row.id), str(row.nonce), int(row.lease_id), str(row.owner), _seconds(row.left))
-            for row in connection.execute(query)
-        ]
-
-    def _sweep(self, connection: Connection, name: str, dead: Sequence[_Entry]) -> None:
+    def _sweep(self, connection: Connection, name: str, dead: Sequence[Entry]) -> None:
         """Remove entries seen dead (their lease never comes back), each by its id."""
         if not dead:
             return
@@ -674,7 +221,7 @@ class SqlTableBackend:
         self._removed(connection, name, ids)
 
     def _read_place(self, connection: Connection, ticket: Ticket) -> Position:
-        entries = self._entries(connection, ticket.name, upto=ticket.token)
+        entries = read_entries(connection, self._tables, ticket.name, upto=ticket.token)
         if not entries or entries[-1].id != ticket.token:
             return Position(held=False, gone=True)
         *ahead, mine = entries
@@ -682,14 +229,14 @@ class SqlTableBackend:
         self._sweep(connection, ticket.name, dead)
         if not mine.alive:
             return Position(held=False, gone=True)
-        return _place([entry for entry in ahead if entry.alive], mine)
+        return place_of([entry for entry in ahead if entry.alive], mine)
 
     # -- Backend protocol -------------------------------------------------------------------------------------
 
     def check(self) -> None:
         try:
             self._ensure_tables(self.connect_timeout)
-        except _NoDatabase as e:
+        except NoDatabase as e:
             raise ConfigurationError(str(e)) from e.__cause__
         except BackendUnavailable as e:
             hint = f"is the database running there? ({e})"
@@ -705,11 +252,7 @@ class SqlTableBackend:
             )
             return lease_id
 
-        errors = ErrorTable(
-            description=self.description,
-            retryable=lambda error: _retryable(error) or isinstance(error, sa_exc.IntegrityError),
-            translate=self._translate,
-        )
+        errors = error_table(self.description, retry_conflicts=True)
         self._ensure_tables()
         lease_id, _ = retrying(
             "grant a lease",
@@ -781,17 +324,17 @@ class SqlTableBackend:
         lease_id = lease.id
         tables = self._tables
         w, leases, locks = tables.waiters, tables.leases, tables.locks
-        key = _name_key(name)
+        key = name_key(name)
         record = owner.decode("utf-8")
         what = f"enqueue for lock {name!r}"
 
         def request(connection: Connection, each: Attempt) -> tuple[Ticket, Position]:
-            # Joins of one lock take their ids one at a time (see the module docstring). Lock the row first, and
-            # make it only when missing: on MariaDB an INSERT IGNORE that meets the row takes a shared lock on it,
-            # and two joins each holding one and asking for the exclusive lock would deadlock.
+            # Joins of one lock take their ids one at a time (docs/operations/sql-table.md, "Tokens never repeat").
+            # Lock the row first, and make it only when missing: on MariaDB an INSERT IGNORE that meets the row takes
+            # a shared lock on it, and two joins each holding one and asking for the exclusive lock would deadlock.
             lock_row = sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update()
             if connection.execute(lock_row).first() is None:
-                connection.execute(self._insert_ignore(locks, name_key=key))
+                connection.execute(insert_ignore(self._dialect, locks, name_key=key))
                 connection.execute(lock_row)
             alive = connection.execute(
                 sa.select(leases.c.id).where(leases.c.id == lease_id, leases.c.expires_at > server_now())
@@ -812,7 +355,7 @@ class SqlTableBackend:
                 if found is None:  # pragma: no cover - every dialect here reports it
                     raise BackendError(f"{what}: {self.description} did not say which id it gave the new entry")
             token = int(found)
-            entries = self._entries(connection, name)
+            entries = read_entries(connection, self._tables, name)
             # Another kind queued: leave at once (the rollback takes our entry with it) and say so.
             refuse_mixed(name, kind_of(nonce), (kind_of(e.nonce) for e in entries if e.alive))
             ticket = Ticket(name=name, key=str(token).encode(), token=token, lease_id=lease_id)
@@ -822,13 +365,6 @@ class SqlTableBackend:
         if attempts > 1:
             ticket = Ticket(name=name, key=ticket.key, token=ticket.token, lease_id=lease_id, resent=True)
         return ticket, position
-
-    def _insert_ignore(self, table: sa.Table, **values: Any) -> Any:
-        if self._dialect == "postgresql":
-            return sa_postgresql.insert(table).values(**values).on_conflict_do_nothing()
-        if self._dialect == "sqlite":
-            return sa_sqlite.insert(table).values(**values).on_conflict_do_nothing()
-        return sa_mysql.insert(table).values(**values).prefix_with("IGNORE")
 
     def position(self, ticket: Ticket) -> Position:
         position, _ = self._run(
@@ -840,10 +376,10 @@ class SqlTableBackend:
 
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
         bound = math.inf if timeout is None else timeout
-        if isinstance(position, _Place):
+        if isinstance(position, WaitingPosition):
             bound = min(bound, position.recheck_in + _EXPIRY_SLACK)
         until = _clock.now() + bound
-        if self._notifies and isinstance(position, _Place):
+        if self._notifies and isinstance(position, WaitingPosition):
             return self._wait_notified(ticket, position, until, interrupt)
         return self._wait_polling(ticket, position, until, interrupt)
 
@@ -868,8 +404,7 @@ class SqlTableBackend:
         """Read our place every ``POLL_INTERVAL`` (at once when a waiter of this process left the lock's queue) until
         it changes, ``until`` passes, or ``interrupt`` fires."""
         woken = threading.Event()
-        with self._mutex:
-            self._local_wake.setdefault(ticket.name, set()).add(woken)
+        self._local_wakeups.add(ticket.name, woken)
         unregister = interrupt.on_fire(woken.set)
         try:
             while True:
@@ -881,88 +416,28 @@ class SqlTableBackend:
                 if interrupt.fired or _clock.now() >= until:
                     return None
                 seen = self._peek(ticket, until)
-                if seen is not None and not _same_place(seen, position):
+                if seen is not None and not same_place(seen, position):
                     return seen
         finally:
             unregister()
-            with self._mutex:
-                waiting = self._local_wake.get(ticket.name)
-                if waiting is not None:
-                    waiting.discard(woken)
-                    if not waiting:
-                        del self._local_wake[ticket.name]
+            self._local_wakeups.discard(ticket.name, woken)
 
-    def _wait_notified(self, ticket: Ticket, position: _Place, until: float, interrupt: Interrupt) -> Position | None:
+    def _wait_notified(
+        self, ticket: Ticket, position: WaitingPosition, until: float, interrupt: Interrupt
+    ) -> Position | None:
         """LISTEN on the channels of what we wait for, read our place again, then sleep until a notification."""
         try:
-            listener = self._listener()
+            listener = self._listen_connections.take()
         except BackendUnavailable:
             return self._wait_polling(ticket, position, until, interrupt)
-        channels = [self._lock_channel(ticket.name)] if position.semaphore else []
-        channels += [self._entry_channel(entry_id) for entry_id in position.awaited if not position.semaphore]
-        healthy = False
-        wake_reader, wake_writer = socket.socketpair()
-        unregister = interrupt.on_fire(lambda: _poke(wake_writer))
-        try:
-            self._on_listener(listener, [f'LISTEN "{channel}"' for channel in channels])
+        channels = [lock_channel(self._prefix, ticket.name)] if position.semaphore else []
+        channels += [entry_channel(self._prefix, entry_id) for entry_id in position.awaited if not position.semaphore]
+
+        def look() -> Position | None:
             seen = self._peek(ticket, until)
-            if seen is not None and not _same_place(seen, position):
-                self._on_listener(listener, ["UNLISTEN *"])
-                healthy = True
-                return seen
-            pgconn = listener.pgconn
-            left = max(until - _clock.now(), 0.0)
-            if not interrupt.fired:
-                ready, _, _ = select.select([pgconn.socket, wake_reader], [], [], None if left == math.inf else left)
-                if pgconn.socket in ready:
-                    pgconn.consume_input()
-                    while pgconn.notifies() is not None:
-                        pass
-            self._on_listener(listener, ["UNLISTEN *"])
-            healthy = True
-            return None
-        except Exception as e:
-            if isinstance(e, DistlockError):
-                raise
-            log.debug("distlock: a LISTEN connection to %s failed: %s", self.description, e)
-            return None  # the caller reads again, and raises if the database stays away
-        finally:
-            unregister()
-            wake_reader.close()
-            wake_writer.close()
-            self._return_listener(listener, healthy)
+            return seen if seen is not None and not same_place(seen, position) else None
 
-    def _on_listener(self, listener: Any, statements: Sequence[str]) -> None:
-        """Run ``statements`` on a LISTEN connection (autocommit), its socket watched like any request's."""
-        unwatch = self._watchdog.watch(int(listener.pgconn.socket), _clock.now() + self.request_timeout)
-        try:
-            for statement in statements:
-                listener.execute(statement)
-        finally:
-            unwatch()
-
-    def _listener(self) -> Any:
-        with self._mutex:
-            if self._closed:
-                raise ClientClosed(f"the distlock client for {self.description} is closed")
-            if self._listeners:
-                return self._listeners.pop()
-        # The driver's own connection, in autocommit: LISTEN takes effect at once, and no pool or dialect set-up
-        # runs queries on it (libpq's connect_timeout bounds the opening).
-        dialect = self._engine.dialect
-        arguments, options = dialect.create_connect_args(self._url)
-        try:
-            return dialect.loaded_dbapi.connect(*arguments, **{**options, **self._connect_args, "autocommit": True})
-        except Exception as e:  # the driver's own error: nothing of SQLAlchemy's wraps it here
-            raise BackendUnavailable(f"could not open a LISTEN connection to {self.description}: {e}") from e
-
-    def _return_listener(self, listener: Any, healthy: bool) -> None:
-        with self._mutex:
-            if healthy and not self._closed and len(self._listeners) < _IDLE_LISTENERS:
-                self._listeners.append(listener)
-                return
-        with contextlib.suppress(Exception):
-            listener.close()
+        return self._listen_connections.wait(listener, channels, look, until, interrupt)
 
     def dequeue(self, ticket: Ticket) -> bool:
         w = self._tables.waiters
@@ -985,7 +460,7 @@ class SqlTableBackend:
             # removes the ticket as dead (its lease ran out) must wait for this transaction, or this one sees the
             # row gone. Without the row lock a write could pass its check, the successor remove the row and read
             # the record, and the write land after that read.
-            key = _name_key(ticket.name)
+            key = name_key(ticket.name)
             connection.execute(sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update())
             row = connection.execute(
                 sa.select(w.c.id).where(w.c.id == ticket.token, w.c.name == ticket.name).with_for_update()
@@ -995,7 +470,7 @@ class SqlTableBackend:
             ).first()
             if row is None or alive is None:
                 return False
-            connection.execute(sa.update(locks).where(locks.c.name_key == _name_key(ticket.name)).values(record=value))
+            connection.execute(sa.update(locks).where(locks.c.name_key == name_key(ticket.name)).values(record=value))
             return True
 
         written, _ = self._run(f"write the record of lock {ticket.name!r}", request)
@@ -1005,14 +480,14 @@ class SqlTableBackend:
         locks = self._tables.locks
 
         def request(connection: Connection, each: Attempt) -> bytes | None:
-            value = connection.execute(sa.select(locks.c.record).where(locks.c.name_key == _name_key(name))).scalar()
+            value = connection.execute(sa.select(locks.c.record).where(locks.c.name_key == name_key(name))).scalar()
             return None if value is None else bytes(value)
 
         value, _ = self._run(f"read the record of lock {name!r}", request, writes=False)
         return value
 
-    def _live_entries(self, connection: Connection, name: str) -> list[_Entry]:
-        return [entry for entry in self._entries(connection, name) if entry.alive]
+    def _live_entries(self, connection: Connection, name: str) -> list[Entry]:
+        return [entry for entry in read_entries(connection, self._tables, name) if entry.alive]
 
     def head(self, name: str) -> Head | None:
         entries, _ = self._run(
@@ -1088,7 +563,7 @@ class SqlTableBackend:
                     owner=owner_id(str(row.owner).encode()),
                     token=int(row.id),
                     lease_id=int(row.lease_id),
-                    ttl_left=_seconds(row.left),
+                    ttl_left=seconds(row.left),
                 )
             )
             kinds.append(kind_of(str(row.nonce)))
@@ -1097,52 +572,14 @@ class SqlTableBackend:
     def close(self) -> None:
         with self._mutex:
             self._closed = True
-            listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            with contextlib.suppress(Exception):
-                listener.close()
+        self._listen_connections.close()
         self._engine.dispose()
-        self._watchdog.stop()
+        self._shutdown_at_deadline.stop()
 
     def after_fork(self) -> None:
         # The parent's connections are not ours: forget them without closing (closing would end the parent's).
         self._mutex = threading.Lock()
-        self._listeners = []
-        self._local_wake = {}
-        self._watchdog = _Watchdog()
+        self._local_wakeups = LocalWakeups()
+        self._shutdown_at_deadline = ShutdownAtDeadline()
+        self._listen_connections = self._new_listen_connections()
         self._engine.dispose(close=False)
-
-
-def _seconds(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
-
-
-def _poke(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.send(b"!")
-
-
-def _setup_done(dbapi_connection: Any, record: Any) -> None:
-    unwatch = record.info.pop("distlock_unwatch", None)
-    if unwatch is not None:
-        unwatch()
-
-
-def _utc_session(dbapi_connection: Any, record: Any) -> None:
-    with dbapi_connection.cursor() as cursor:
-        cursor.execute("SET time_zone = '+00:00'")
-
-
-def _sqlite_no_implicit_transactions(dbapi_connection: Any, record: Any) -> None:
-    # pysqlite begins transactions lazily and on its own terms; we begin them ourselves (below).
-    dbapi_connection.isolation_level = None
-
-
-def _sqlite_begin(connection: Connection) -> None:
-    # A request that writes takes the write lock at BEGIN (IMMEDIATE): the joins of one lock take their ids one at a
-    # time, and it never fails on a lock upgrade. Reads begin DEFERRED and share the file; the rare read that finds a
-    # dead entry to remove upgrades, and when another writer is in the way that fails at once (SQLITE_BUSY) and the
-    # request is retried. Polling waiters read: taking the write lock for each poll would queue every process behind
-    # SQLite's busy handler, which sleeps and retries in no particular order (unfair, and slow).
-    writes = connection.connection.info.get("distlock_writes", True)
-    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")

@@ -1,0 +1,95 @@
+"""A lock's queue in the SQL lock table, read: its entries in id order with their lease's time left by the database
+server's clock (:func:`read_entries`), and where an entry stands among the live ones by the grant rule of
+``_shape`` (:func:`place_of`), with what a waiter needs to wait well (:class:`WaitingPosition`).
+
+An entry whose lease expired, or whose lease row is gone, is dead: its lease never comes back, so whoever reads it
+dead may remove it (the backend does, in the same transaction). What can go wrong: nothing is raised here; a read
+that fails raises SQLAlchemy's error for the caller's retry loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..._protocol import Position
+from ..._shape import holding, kind_of, waits_on
+from ._dialects import server_now
+from ._schema import Tables
+
+__all__ = ["Entry", "WaitingPosition", "place_of", "read_entries", "same_place", "seconds"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: int
+    nonce: str
+    lease_id: int
+    owner: str
+    ttl_left: float | None  # by the server's clock; None or <= 0: dead
+
+    @property
+    def alive(self) -> bool:
+        return self.ttl_left is not None and self.ttl_left > 0
+
+
+def read_entries(connection: Connection, tables: Tables, name: str, upto: int | None = None) -> list[Entry]:
+    """Every entry of ``name`` (up to id ``upto``) in id order, with its lease's time left by the server."""
+    w, leases = tables.waiters, tables.leases
+    query = (
+        sa.select(w.c.id, w.c.nonce, w.c.lease_id, w.c.owner, (leases.c.expires_at - server_now()).label("left"))
+        .select_from(w.outerjoin(leases, leases.c.id == w.c.lease_id))
+        .where(w.c.name == name)
+        .order_by(w.c.id)
+    )
+    if upto is not None:
+        query = query.where(w.c.id <= upto)
+    return [
+        Entry(int(row.id), str(row.nonce), int(row.lease_id), str(row.owner), seconds(row.left))
+        for row in connection.execute(query)
+    ]
+
+
+def seconds(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class WaitingPosition(Position):
+    """Where a waiter stands, with what it needs to wait well: the entries whose removal it waits for (their
+    notification channels) and the seconds until the first lease ahead of it would expire (then it reads again)."""
+
+    awaited: tuple[int, ...] = ()
+    semaphore: bool = False
+    recheck_in: float = math.inf
+
+
+def place_of(entries: Sequence[Entry], mine: Entry) -> Position:
+    """The place of ``mine`` behind the live ``entries`` ahead of it (in id order), by the grant rule of ``_shape``."""
+    kinds = [kind_of(entry.nonce) for entry in entries] + [kind_of(mine.nonce)]
+    index = len(entries)
+    if holding(kinds)[-1]:
+        return Position(held=True, waiters_ahead=index)
+    recheck = min((entry.ttl_left or 0.0 for entry in entries), default=math.inf)
+    at = waits_on(kinds)
+    if at is None:  # a semaphore slot: any of the entries ahead leaving may let it in
+        awaited, semaphore = tuple(entry.id for entry in entries), True
+        ahead = entries[-1]
+    else:
+        ahead, awaited, semaphore = entries[at], (entries[at].id,), False
+    return WaitingPosition(
+        held=False,
+        ahead=str(ahead.id).encode(),
+        waiters_ahead=index,
+        awaited=awaited,
+        semaphore=semaphore,
+        recheck_in=max(recheck, 0.0),
+    )
+
+
+def same_place(a: Position, b: Position) -> bool:
+    return (a.held, a.gone, a.ahead, a.waiters_ahead) == (b.held, b.gone, b.ahead, b.waiters_ahead)

@@ -1,0 +1,117 @@
+"""The SQL lock table's schema: its three tables, named after a prefix (:func:`lock_tables`), their DDL for a DBA
+(:func:`table_ddl`, the one place it is written; ``distlock sql-tables`` prints it), creating the missing ones
+(:func:`create_missing_tables`), and the key of a lock's row (:func:`name_key`).
+
+::
+
+    <prefix>_leases   (id, ttl, expires_at)                  one row per client session lease
+    <prefix>_waiters  (id, name, lease_id, nonce, owner)     one row per queue entry; id is the fencing token
+    <prefix>_locks    (name_key, record)                     one row per lock name ever used: serialises joins,
+                                                             and keeps the lock's record
+
+What can go wrong: nothing here talks to a database but :func:`create_missing_tables`, whose errors (no privilege
+to create, a concurrent creator) its caller retries or translates. Why the ids never repeat on each database:
+docs/operations/sql-table.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+__all__ = ["Tables", "create_missing_tables", "lock_tables", "name_key", "table_ddl"]
+
+#: The longest lock name (``_names.MAX_NAME_BYTES``: 1,024 bytes of UTF-8, so at most 1,024 characters).
+_NAME_LENGTH = 1024
+#: MariaDB indexes at most 3,072 bytes of a key: index the first 255 characters of a name (utf8mb4: 1,020 bytes).
+_MYSQL_NAME_PREFIX = 255
+
+
+@dataclass(frozen=True)
+class Tables:
+    metadata: sa.MetaData
+    leases: sa.Table
+    waiters: sa.Table
+    locks: sa.Table
+
+
+def lock_tables(prefix: str) -> Tables:
+    """The three tables of the lock table named ``<prefix>_leases``, ``<prefix>_waiters``, ``<prefix>_locks``."""
+    metadata = sa.MetaData()
+    token = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite's AUTOINCREMENT needs INTEGER
+    # MariaDB/MySQL: UTF-8 and a binary collation, so names compare as they do elsewhere ('A' is not 'a').
+    text_options: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+    leases = sa.Table(
+        f"{prefix}_leases",
+        metadata,
+        sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=False),
+        sa.Column("ttl", sa.Double(), nullable=False),
+        sa.Column("expires_at", sa.Double(), nullable=False),
+        sa.Index(f"{prefix}_leases_expires_at", "expires_at"),
+        **text_options,
+    )
+    waiters = sa.Table(
+        f"{prefix}_waiters",
+        metadata,
+        # PostgreSQL: GENERATED ALWAYS, so that not even an INSERT naming an id can reuse one.
+        sa.Column("id", token, sa.Identity(always=True), primary_key=True),
+        sa.Column("name", sa.String(_NAME_LENGTH), nullable=False),
+        sa.Column("lease_id", sa.BigInteger(), nullable=False),
+        sa.Column("nonce", sa.String(64), nullable=False),
+        sa.Column("owner", sa.Text(), nullable=False),
+        sa.Index(f"{prefix}_waiters_name_id", "name", "id", mysql_length={"name": _MYSQL_NAME_PREFIX}),
+        sa.Index(f"{prefix}_waiters_lease_id", "lease_id"),
+        sqlite_autoincrement=True,
+        **text_options,
+    )
+    locks = sa.Table(
+        f"{prefix}_locks",
+        metadata,
+        sa.Column("name_key", sa.String(64), primary_key=True),  # sha256 of the name, hex: any name, one key length
+        # The lock's record (``write_record``); a length past 64 KiB makes it a MEDIUMBLOB on MariaDB/MySQL.
+        sa.Column("record", sa.LargeBinary(length=2**24 - 1), nullable=True),
+        **text_options,
+    )
+    return Tables(metadata, leases, waiters, locks)
+
+
+def table_ddl(url: URL, prefix: str) -> list[str]:
+    """The DDL that creates the lock table's tables and indexes on ``url``'s database, one statement per item.
+
+    Compiled for the URL's dialect without connecting (the driver need not be installed)."""
+    dialect = url.get_dialect()()
+    tables = lock_tables(prefix)
+    statements = []
+    for table in tables.metadata.sorted_tables:
+        statements.append(str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)).strip())
+        statements.extend(
+            str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)).strip()
+            for index in sorted(table.indexes, key=lambda index: str(index.name))
+        )
+    return statements
+
+
+def _name_key(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()
+
+
+def create_missing_tables(connection: Connection, tables: Tables) -> None:
+    """Create the tables and indexes of ``tables`` that ``connection``'s database lacks."""
+    # Look first: creating needs privileges that a table a DBA made beforehand does not.
+    present = set(sa.inspect(connection).get_table_names())
+    for table in tables.metadata.sorted_tables:
+        if table.name in present:
+            continue
+        connection.execute(CreateTable(table, if_not_exists=True))
+        for index in table.indexes:
+            connection.execute(CreateIndex(index, if_not_exists=True))
+
+
+def name_key(name: str) -> str:
+    """The key of lock ``name``'s row in ``<prefix>_locks``: the SHA-256 of the name, hex (any name, one length)."""
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()
