@@ -50,7 +50,7 @@ def _remove_etcd(backend: Any) -> int:
 
 
 def _remove_redis(backend: Any) -> int:
-    pattern = "".join(f"\\{c}" if c in "\\*?[]" else c for c in backend._prefix) + ":*"
+    pattern = "".join(f"\\{c}" if c in "\\*?[]" else c for c in backend._keys.prefix) + ":*"
     removed = 0
     for pool in backend._target.pools():
         cursor: Any = 0

@@ -38,8 +38,9 @@ class RedisConfig:
     request_timeout: float
 
     def open(self) -> Backend:
-        # Imports redis-py: only when a Redis URL is used.
-        from ._backend import RedisBackend, RedisCluster, RedisServer
+        # Imports redis-py: only when a Redis URL is used (``_backend`` first: it says which extra is missing).
+        from ._backend import RedisBackend
+        from ._connections import RedisCluster, RedisServer
 
         timeout = socket_timeout(self.connect_timeout, self.request_timeout)
         connection: dict[str, Any] = {

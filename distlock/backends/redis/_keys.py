@@ -1,0 +1,63 @@
+"""The names of the Redis backend's keys and queue members, under one key prefix (the layout and why it is so:
+docs/operations/redis.md, "How it works").
+
+Every key of lock ``N`` starts ``<prefix>:{E}:`` (``E``: the name escaped by ``_names.escape_name``, braces
+included), so that a lock's keys share one Redis Cluster slot; a client's lease key is ``<prefix>:lease:<hex>``. A
+queue member is ``<lease hex>-<nonce>``: the lease that keeps it alive, and the waiter's nonce (with its kind, for a
+semaphore's or read/write lock's entry).
+
+What can go wrong: nothing raises here; a malformed member reads as lease 0, which never exists.
+"""
+
+from __future__ import annotations
+
+from ..._names import escape_name, unescape_name
+
+__all__ = ["Keys", "lease_of", "member_of", "nonce_of"]
+
+#: Besides ``/``, braces are escaped in lock names: a brace would end the ``{hash tag}`` that keeps a lock's keys in
+#: one Cluster slot.
+_RESERVED = "/{}"
+
+
+class Keys:
+    """The key names of one backend, under its ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        #: What goes before a lease's hex id to name its key (and what the scripts put before a member's).
+        self.lease_prefix = f"{prefix}:lease:"
+        #: A ``SCAN MATCH`` pattern of every queue key.
+        self.queues = f"{prefix}:{{*}}:q"
+
+    def lease(self, lease_id: int) -> str:
+        return f"{self.lease_prefix}{lease_id:x}"
+
+    def lock(self, name: str) -> str:
+        """The common start of every key of lock ``name``: ``<prefix>:{<escaped>}:``."""
+        return f"{self.prefix}:{{{escape_name(name, _RESERVED)}}}:"
+
+    def name_of(self, key: str) -> str | None:
+        """The lock name of a queue key ``<prefix>:{<escaped>}:q`` (None for a key that is not one)."""
+        start = f"{self.prefix}:{{"
+        if not (key.startswith(start) and key.endswith("}:q")):
+            return None
+        return unescape_name(key[len(start) : -3])
+
+
+def member_of(lease_id: int, nonce: str) -> bytes:
+    """The queue member of a waiter: ``<lease hex>-<nonce>``."""
+    return f"{lease_id:x}-{nonce}".encode("ascii")
+
+
+def lease_of(member: bytes) -> int:
+    """The lease id in a queue member ``<lease hex>-<nonce>`` (0, a lease that never exists, if malformed)."""
+    try:
+        return int(member.split(b"-", 1)[0], 16)
+    except ValueError:
+        return 0
+
+
+def nonce_of(member: bytes) -> str:
+    """The waiter's nonce: the opaque owner id that ``owner_record`` would have stored."""
+    return member.split(b"-", 1)[-1].decode("ascii", "replace")
