@@ -249,25 +249,13 @@ def test_no_url_is_parsed_outside_the_backends(package: str) -> None:
 
 #: The most lines a module of ``distlock`` may have: a file a reader can hold (issue 23, point 5).
 MAX_LINES = 600
-#: Modules over the limit for now. Issue 23: these four backends are being split into packages of several modules
-#: (each by its own change); this list is emptied when they land, and nothing else may be added to it.
-TOO_LONG_FOR_NOW = frozenset(
-    {
-        "distlock.backends.etcd._backend",
-        "distlock.backends.redis._backend",
-        "distlock.backends.sqltable._backend",
-        "distlock.backends.zookeeper._backend",
-    }
-)
 
 
 def test_no_module_is_longer_than_a_reader_can_hold() -> None:
     too_long = {
         f"{module}: {lines} lines"
         for module, path in MODULES.items()
-        if module.split(".")[0] == "distlock"
-        and module not in TOO_LONG_FOR_NOW
-        and (lines := len(path.read_text().splitlines())) > MAX_LINES
+        if module.split(".")[0] == "distlock" and (lines := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not too_long, f"modules over {MAX_LINES} lines (split them by concern):\n" + "\n".join(sorted(too_long))
 
