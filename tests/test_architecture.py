@@ -3,8 +3,9 @@
 Every module of ``distlock``, ``distlock_django``, ``distlock_sqla``, ``benchmarks`` and ``faults`` is parsed (not
 imported) with ``ast``. An import counts wherever it is written — at module level or inside a function — except under
 ``if TYPE_CHECKING:``, which never runs. ``distlock.celery`` counts as a package of its own: like the other
-integrations it may use only public ``distlock`` names. Benchmark modules share code through
-``benchmarks/_harness.py``, whose names without a leading underscore are public to the other benchmarks.
+integrations it may use only public ``distlock`` names. Benchmark modules share code through the modules of
+``benchmarks/_harness/`` (one per concern), whose names without a leading underscore are public to the benchmarks and
+to one another; the harness imports no benchmark.
 
 Each check is parametrized by package, so a failure names the area it is in.
 """
@@ -195,6 +196,19 @@ def test_benchmarks_share_only_public_names() -> None:
     assert not private, "benchmark modules import private names of other benchmark modules:\n" + "\n".join(private)
 
 
+def _harness_imports_a_benchmark(imp: Import) -> bool:
+    harness = "benchmarks._harness"
+    inside = imp.importer == harness or imp.importer.startswith(harness + ".")
+    # ``from benchmarks import etcd_locks`` imports the module named after the package
+    target = ".".join([imp.module, *imp.names[:1]]) if imp.module == "benchmarks" else imp.module
+    return inside and target.startswith("benchmarks.") and not target.startswith(harness)
+
+
+def test_the_benchmark_harness_imports_no_benchmark() -> None:
+    upward = [str(imp) for imp in IMPORTS if _harness_imports_a_benchmark(imp)]
+    assert not upward, "the benchmark harness imports a benchmark:\n" + "\n".join(upward)
+
+
 def test_the_rules_catch_what_they_are_for() -> None:
     """The checks above would see a violation: a cycle, a private import across packages, a TYPE_CHECKING import."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
@@ -203,6 +217,10 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert _private_crossing(Import("distlock.celery._task", "distlock._lock", ("Lock",), 1))
     assert not _private_crossing(Import("distlock.celery._task", "distlock", ("Lock",), 1))
     assert not _private_crossing(Import("distlock._lock", "distlock._fence", ("Fence",), 1))
-    assert not _private_crossing(Import("benchmarks.redis_locks", "benchmarks._harness", ("Run",), 1))
+    assert not _private_crossing(Import("benchmarks.redis_locks", "benchmarks._harness.run", ("Run",), 1))
+    assert _harness_imports_a_benchmark(Import("benchmarks._harness.locks", "benchmarks.etcd_locks", ("Lock",), 1))
+    assert _harness_imports_a_benchmark(Import("benchmarks._harness.locks", "benchmarks", ("etcd_locks",), 1))
+    assert not _harness_imports_a_benchmark(Import("benchmarks._harness.timing", "benchmarks._harness.figures", (), 1))
+    assert not _harness_imports_a_benchmark(Import("benchmarks.etcd_locks", "benchmarks._harness.run", ("Run",), 1))
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n")
     assert [ast.unparse(node) for node in _statements(tree)] == ["from typing import TYPE_CHECKING", "import b"]
