@@ -10,9 +10,9 @@
 * :mod:`~benchmarks._harness.results`: what a lock benchmark measured, its figures and tables.
 * :mod:`~benchmarks._harness.processes`: a lock benchmark's measurements in spawned processes, start to end.
 
-The modules import one another in that order, bottom up, and never a benchmark; their names without a leading
-underscore are public to the benchmarks (tests/test_architecture.py keeps both true). This package exports nothing
-of its own.
+Each module imports only modules listed above it (``machine`` names ``ServerUnderTest`` for its types alone), and
+never a benchmark; names without a leading underscore are public to the benchmarks (tests/test_architecture.py
+checks the import graph and the names). This package exports nothing of its own.
 """
 
 __all__: list[str] = []
