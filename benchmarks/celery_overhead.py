@@ -1,8 +1,8 @@
 """Benchmark: what ``distlock.celery.SingletonTask`` costs per task over a plain Celery task, on the same worker.
 
-One run starts an etcd (fsync on, :func:`benchmarks._harness.etcd_server`, or ``--etcd-url``), a Redis as broker and
-result backend (``distlock.testing.RedisServer``, or ``--redis-url``) and one Celery worker (prefork, 2 processes)
-running three tasks with empty bodies:
+One run starts an etcd (fsync on, :func:`benchmarks._harness.servers.etcd_server`, or ``--etcd-url``), a Redis as
+broker and result backend (``distlock.testing.RedisServer``, or ``--redis-url``) and one Celery worker (prefork, 2
+processes) running three tasks with empty bodies:
 
 * ``plain``: ``@app.task`` — the floor;
 * ``run``: ``@app.task(base=SingletonTask, unique_on=["i"])`` — locked while it runs (``lock_on="run"``);
@@ -19,7 +19,7 @@ measures, for each task:
 * **throughput**: a burst of calls sent at once, until the last result is in.
 
 The figures are printed and written into ``docs/BENCHMARKS.md`` between the ``celery-overhead`` markers, with the
-machine (through :func:`benchmarks._harness.machine`). Everything is bounded: a result that does not come within
+machine (through :func:`benchmarks._harness.machine.machine`). Everything is bounded: a result that does not come within
 ``--timeout`` seconds stops the run with an error instead of hanging it.
 """
 
@@ -43,30 +43,12 @@ from typing import Any
 
 from celery import Celery, signals
 
-from benchmarks._harness import (
-    ETCD_PACKAGES,
-    NA,
-    EtcdUnderTest,
-    Run,
-    Timed,
-    add_etcd_arguments,
-    add_out_argument,
-    breakdown,
-    etcd_server,
-    interleaved,
-    machine,
-    median,
-    ms,
-    package_version,
-    per,
-    percentile,
-    publish,
-    ratio,
-    section,
-    summary,
-    table_row,
-    verdict,
-)
+from benchmarks._harness.figures import NA, breakdown, median, ms, per, percentile, ratio, table_row, verdict
+from benchmarks._harness.machine import ETCD_PACKAGES, machine, package_version
+from benchmarks._harness.report import publish, section
+from benchmarks._harness.run import Run, add_etcd_arguments, add_out_argument, summary
+from benchmarks._harness.servers import EtcdUnderTest, etcd_server
+from benchmarks._harness.timing import Timed, interleaved
 from distlock.celery import SingletonTask
 from distlock.testing import RedisServer
 

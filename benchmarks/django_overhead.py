@@ -15,7 +15,7 @@
   ``.fenced()`` (claimed with the token first, then read), then saved, for information; and plain and fenced
   again with the round inside ``transaction.atomic()``.
 
-Every variant runs in one process, interleaved in blocks whose order rotates (:func:`benchmarks._harness.
+Every variant runs in one process, interleaved in blocks whose order rotates (:func:`benchmarks._harness.timing.
 interleaved`). Django is configured in-process; the benchmark's models belong to the app ``benchmarks``. etcd is
 started by :class:`distlock.testing.EtcdServer` with fsync on (or ``--etcd-url``), PostgreSQL by
 :class:`distlock.testing.PostgresServer` (or ``--postgres-url``); SQLite is a file in a temporary directory. Results
@@ -43,28 +43,12 @@ from django.test import Client
 from django.urls import URLPattern, path
 from psycopg.conninfo import conninfo_to_dict
 
-from benchmarks._harness import (
-    ETCD_PACKAGES,
-    SQLITE_DESCRIPTION,
-    Run,
-    Timed,
-    Variants,
-    database_arguments,
-    database_servers,
-    interleaved,
-    latency_cells,
-    machine,
-    median,
-    ms,
-    publish,
-    ratio,
-    section,
-    summary,
-    table_row,
-    target,
-    variants_table,
-    verdict,
-)
+from benchmarks._harness.figures import latency_cells, median, ms, ratio, table_row, target, verdict
+from benchmarks._harness.machine import ETCD_PACKAGES, machine
+from benchmarks._harness.report import publish, section
+from benchmarks._harness.run import Run, database_arguments, summary
+from benchmarks._harness.servers import SQLITE_DESCRIPTION, database_servers
+from benchmarks._harness.timing import Timed, Variants, interleaved, variants_table
 
 if TYPE_CHECKING:
     from distlock_django import FencedModel  # a model class: importable only once Django is set up

@@ -32,25 +32,12 @@ import grpc
 from etcd3 import etcdrpc
 
 import distlock
-from benchmarks._harness import (
-    ETCD_PACKAGES,
-    REQUEST_TIMEOUT,
-    TTL,
-    EtcdMetrics,
-    Run,
-    add_etcd_arguments,
-    add_out_argument,
-    endpoint_of,
-    etcd_server,
-    machine,
-    ms,
-    percentile,
-    publish,
-    ratio,
-    section,
-    summary,
-    table_row,
-)
+from benchmarks._harness.figures import ms, percentile, ratio, table_row
+from benchmarks._harness.locks import TTL
+from benchmarks._harness.machine import ETCD_PACKAGES, machine
+from benchmarks._harness.report import publish, section
+from benchmarks._harness.run import Run, add_etcd_arguments, add_out_argument, summary
+from benchmarks._harness.servers import REQUEST_TIMEOUT, EtcdMetrics, endpoint_of, etcd_server
 from distlock.testing import parse_prometheus_text
 
 NAME = "etcd-handover"

@@ -9,8 +9,8 @@ given by ``--etcd-url``) measures:
 * **contention**: N processes loop acquire -> tiny critical section -> release on one lock name for a fixed
   time: acquisitions/s, RPCs per acquisition, wait percentiles, fairness (fewest / most acquisitions).
 
-This module holds the three locks and the report; :mod:`benchmarks._harness` runs them. Every measurement runs in
-child processes started with "spawn" (gRPC channels do not survive ``fork()``), each with its own client,
+This module holds the three locks and the report; :mod:`benchmarks._harness.processes` runs them. Every measurement
+runs in child processes started with "spawn" (gRPC channels do not survive ``fork()``), each with its own client,
 connected and warmed up before anything is timed or counted. RPCs are etcd's own counters
 (``grpc_server_msg_received_total`` on ``/metrics``, read over HTTP so that reading them is not counted). The
 uncontended locks share one process and take turns in blocks, so a slow spell of a shared machine hits all of
@@ -36,31 +36,14 @@ import etcd3
 import grpc
 from etcd3 import etcdrpc
 
-from benchmarks._harness import (
-    BLOCK,
-    ETCD_PACKAGES,
-    GRACE,
-    REQUEST_TIMEOUT,
-    TTL,
-    DistlockSession,
-    LockResults,
-    LockSession,
-    Plan,
-    Run,
-    add_etcd_arguments,
-    add_lock_arguments,
-    contended_table,
-    endpoint_of,
-    errors_lines,
-    etcd_server,
-    lock_benchmark,
-    parse_lock_arguments,
-    ratio,
-    section,
-    summary,
-    uncontended_table,
-    verdict,
-)
+from benchmarks._harness.figures import ratio, verdict
+from benchmarks._harness.locks import TTL, DistlockSession, LockSession, Plan
+from benchmarks._harness.machine import ETCD_PACKAGES
+from benchmarks._harness.processes import BLOCK, GRACE, lock_benchmark
+from benchmarks._harness.report import errors_lines, section
+from benchmarks._harness.results import LockResults, contended_table, uncontended_table
+from benchmarks._harness.run import Run, add_etcd_arguments, add_lock_arguments, parse_lock_arguments, summary
+from benchmarks._harness.servers import REQUEST_TIMEOUT, endpoint_of, etcd_server
 
 NAME = "etcd-locks"
 LABELS = {

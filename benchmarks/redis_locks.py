@@ -1,7 +1,7 @@
 """Benchmark distlock's Redis lock against redis-py's ``Lock``, python-redis-lock and a two-command floor.
 
 One run against one redis-server (started here by :class:`distlock.testing.RedisServer`, or an existing one given
-by ``--redis-url``) measures, with the machinery of :mod:`benchmarks._harness` (spawned processes, barriers,
+by ``--redis-url``) measures, with the machinery of :mod:`benchmarks._harness.processes` (spawned processes, barriers,
 interleaved latency blocks, bounded waits):
 
 * **uncontended** acquire + release latency (median, p99) and Redis commands per acquisition, for distlock,
@@ -33,29 +33,13 @@ from typing import Any
 import redis
 import redis_lock  # type: ignore[import-untyped]
 
-from benchmarks._harness import (
-    BLOCK,
-    GRACE,
-    TTL,
-    DistlockSession,
-    LockResults,
-    LockSession,
-    Plan,
-    Run,
-    ServerUnderTest,
-    add_lock_arguments,
-    contended_table,
-    errors_lines,
-    lock_benchmark,
-    ms,
-    parse_lock_arguments,
-    percentile,
-    ratio,
-    section,
-    summary,
-    uncontended_table,
-    verdict,
-)
+from benchmarks._harness.figures import ms, percentile, ratio, verdict
+from benchmarks._harness.locks import TTL, DistlockSession, LockSession, Plan
+from benchmarks._harness.processes import BLOCK, GRACE, lock_benchmark
+from benchmarks._harness.report import errors_lines, section
+from benchmarks._harness.results import LockResults, contended_table, uncontended_table
+from benchmarks._harness.run import Run, add_lock_arguments, parse_lock_arguments, summary
+from benchmarks._harness.servers import ServerUnderTest
 from distlock.testing import RedisServer
 
 NAME = "redis-locks"

@@ -4,7 +4,7 @@ kazoo's ``Semaphore`` recipe is the Python distributed semaphore to beat: mainta
 ZooKeeper, and of the same shape (at most N holders, waiters in order). The Redis ones on PyPI are unmaintained
 (redis-semaphore's last release was in 2016); pottery and tooz offer locks, not semaphores. So the comparison runs
 where kazoo runs: one ZooKeeper (started here by :class:`distlock.testing.ZooKeeperServer`, or ``--zookeeper-url``),
-limit :data:`LIMIT`, with the machinery of :mod:`benchmarks._harness`:
+limit :data:`LIMIT`, with the machinery of :mod:`benchmarks._harness.processes`:
 
 * **uncontended** acquire + release latency (median, p99) and packets per acquisition;
 * **contention**: N processes loop acquire -> bump a counter -> release on one semaphore for a fixed time:
@@ -22,24 +22,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks._harness import (
-    BLOCK,
-    GRACE,
-    TTL,
-    DistlockSession,
-    LockResults,
-    LockSession,
-    Plan,
-    Run,
-    add_lock_arguments,
-    contended_table,
-    errors_lines,
-    lock_benchmark,
-    parse_lock_arguments,
-    section,
-    summary,
-    uncontended_table,
-)
+from benchmarks._harness.locks import TTL, DistlockSession, LockSession, Plan
+from benchmarks._harness.processes import BLOCK, GRACE, lock_benchmark
+from benchmarks._harness.report import errors_lines, section
+from benchmarks._harness.results import LockResults, contended_table, uncontended_table
+from benchmarks._harness.run import Run, add_lock_arguments, parse_lock_arguments, summary
 from benchmarks.zookeeper_locks import kazoo_client, zookeeper_server
 
 NAME = "semaphores"

@@ -1,7 +1,7 @@
 """Benchmark distlock's PostgreSQL lock table against PostgreSQL's own advisory locks.
 
 One run against one PostgreSQL server (started here by :class:`distlock.testing.PostgresServer` with fsync on, or an
-existing one given by ``--postgres-url``) measures, with the machinery of :mod:`benchmarks._harness` (spawned
+existing one given by ``--postgres-url``) measures, with the machinery of :mod:`benchmarks._harness.processes` (spawned
 processes, barriers, interleaved latency blocks, bounded waits):
 
 * **uncontended** acquire + release latency (median, p99) and WAL bytes per acquisition, for distlock's lock
@@ -36,23 +36,12 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import errors as pg_errors
 
-from benchmarks._harness import (
-    BLOCK,
-    GRACE,
-    DistlockSession,
-    LockResults,
-    Plan,
-    Run,
-    ServerUnderTest,
-    add_lock_arguments,
-    contended_table,
-    errors_lines,
-    lock_benchmark,
-    parse_lock_arguments,
-    section,
-    summary,
-    uncontended_table,
-)
+from benchmarks._harness.locks import DistlockSession, Plan
+from benchmarks._harness.processes import BLOCK, GRACE, lock_benchmark
+from benchmarks._harness.report import errors_lines, section
+from benchmarks._harness.results import LockResults, contended_table, uncontended_table
+from benchmarks._harness.run import Run, add_lock_arguments, parse_lock_arguments, summary
+from benchmarks._harness.servers import ServerUnderTest
 from distlock.testing import PostgresServer
 
 NAME = "sql-table-locks"

@@ -12,10 +12,10 @@ One round is what an application does per request: open a ``Session``, load one 
 
 The lock is acquired once before measuring and held throughout (its acquisition is the etcd benchmark's subject,
 not this one's). All variants run in one process, interleaved in blocks whose order rotates, so a slow spell of
-the shared machine hits them alike (:func:`benchmarks._harness.interleaved`). Results are printed and written into
-``docs/BENCHMARKS.md`` between the ``sqla-fenced`` markers. PostgreSQL is started by
+the shared machine hits them alike (:func:`benchmarks._harness.timing.interleaved`). Results are printed and written
+into ``docs/BENCHMARKS.md`` between the ``sqla-fenced`` markers. PostgreSQL is started by
 :class:`distlock.testing.PostgresServer` (or ``--postgres-url``), etcd by :class:`distlock.testing.EtcdServer` with
-fsync on (or ``--etcd-url``), both through :func:`benchmarks._harness.database_servers`; SQLite is a file in a
+fsync on (or ``--etcd-url``), both through :func:`benchmarks._harness.servers.database_servers`; SQLite is a file in a
 temporary directory.
 
 What can go wrong: a server that cannot start, or a statement a database refuses, stops the run with that error
@@ -36,22 +36,12 @@ from sqlalchemy import BigInteger, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import distlock
-from benchmarks._harness import (
-    SQLITE_DESCRIPTION,
-    Run,
-    Variants,
-    cpu_line,
-    database_arguments,
-    database_servers,
-    interleaved,
-    publish,
-    ratio,
-    section,
-    software_line,
-    summary,
-    target,
-    variants_table,
-)
+from benchmarks._harness.figures import ratio, target
+from benchmarks._harness.machine import cpu_line, software_line
+from benchmarks._harness.report import publish, section
+from benchmarks._harness.run import Run, database_arguments, summary
+from benchmarks._harness.servers import SQLITE_DESCRIPTION, database_servers
+from benchmarks._harness.timing import Variants, interleaved, variants_table
 from distlock_sqla import FencedMixin, claim_one
 
 NAME = "sqla-fenced"

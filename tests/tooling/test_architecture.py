@@ -5,8 +5,9 @@ and ``distlock`` never imports the integrations or tools built on it.
 Every module of ``distlock``, ``distlock_django``, ``distlock_sqla``, ``benchmarks`` and ``faults`` is parsed (not
 imported) with ``ast``. An import counts wherever it is written — at module level or inside a function — except under
 ``if TYPE_CHECKING:``, which never runs. ``distlock.celery`` counts as a package of its own: like the other
-integrations it may use only public ``distlock`` names. Benchmark modules share code through
-``benchmarks/_harness.py``, whose names without a leading underscore are public to the other benchmarks.
+integrations it may use only public ``distlock`` names. Benchmark modules share code through the modules of
+``benchmarks/_harness/`` (one per concern), whose names without a leading underscore are public to the benchmarks and
+to one another; the harness imports no benchmark.
 
 Each check is parametrized by package, so a failure names the area it is in.
 """
@@ -14,6 +15,7 @@ Each check is parametrized by package, so a failure names the area it is in.
 from __future__ import annotations
 
 import ast
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,6 +332,19 @@ def test_the_backend_protocol_stays_narrow() -> None:
     assert len(members) == 15
 
 
+def _harness_imports_a_benchmark(imp: Import) -> bool:
+    harness = "benchmarks._harness"
+    inside = imp.importer == harness or imp.importer.startswith(harness + ".")
+    # ``from benchmarks import etcd_locks`` imports the module named after the package
+    target = ".".join([imp.module, *imp.names[:1]]) if imp.module == "benchmarks" else imp.module
+    return inside and target.startswith("benchmarks.") and not target.startswith(harness)
+
+
+def test_the_benchmark_harness_imports_no_benchmark() -> None:
+    upward = [str(imp) for imp in IMPORTS if _harness_imports_a_benchmark(imp)]
+    assert not upward, "the benchmark harness imports a benchmark:\n" + "\n".join(upward)
+
+
 def test_the_rules_catch_what_they_are_for() -> None:
     """The checks above would see a violation: a cycle, a private import across packages, a TYPE_CHECKING import, a
     URL parser, a client's private name."""
@@ -348,5 +363,24 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert _client_private_uses("m", "client._backend.head(name)\nself._context.keeper\n") == ["m:1: ._backend"]
     assert _client_private_uses("m", "self._client._context\n") == ["m:1: ._context", "m:1: ._client"]
     assert _client_private_uses("m", "from ._client import Client\n") == ["m:1: import of _client"]
+    assert not _private_crossing(Import("benchmarks.redis_locks", "benchmarks._harness.run", ("Run",), 1))
+    assert _harness_imports_a_benchmark(Import("benchmarks._harness.locks", "benchmarks.etcd_locks", ("Lock",), 1))
+    assert _harness_imports_a_benchmark(Import("benchmarks._harness.locks", "benchmarks", ("etcd_locks",), 1))
+    assert not _harness_imports_a_benchmark(Import("benchmarks._harness.timing", "benchmarks._harness.figures", (), 1))
+    assert not _harness_imports_a_benchmark(Import("benchmarks.etcd_locks", "benchmarks._harness.run", ("Run",), 1))
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n")
     assert [ast.unparse(node) for node in _statements(tree)] == ["from typing import TYPE_CHECKING", "import b"]
+
+
+def test_no_merge_conflict_is_left_in_any_file() -> None:
+    """A conflict marker left by a merge (in a doc, which no test parses, it would go unnoticed)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    markers = ("<<<<<<< ", ">>>>>>> ", "=======\n")
+    left = [
+        f"{name}:{number}"
+        for name in tracked
+        if name.endswith((".py", ".md", ".toml", ".ini", ".sh", ".lua", ".yml", ".txt", ".html"))
+        for number, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(keepends=True), 1)
+        if line.startswith(markers[:2]) or line == markers[2]
+    ]
+    assert not left, "merge conflict markers left in:\n" + "\n".join(left)

@@ -1,9 +1,10 @@
-"""The documentation: the mkdocs site builds with no warning, and no link in the README or docs/ points at nothing.
+"""The documentation: the site builds with no warning, and no link in README, CONTRIBUTING or docs/ points at nothing.
 
 ``mkdocs build --strict`` (mkdocs.yml) fails on any warning: a page missing from the nav, a link to a missing page
-or to a heading a page does not have, a docstring mkdocstrings cannot render. The README is not part of the site,
-and GitHub renders it and docs/*.md on their own, so every relative link there is checked here too: its file must
-exist, and its ``#anchor`` must be a heading of the target as both GitHub and mkdocs spell heading ids.
+or to a heading a page does not have, a docstring mkdocstrings cannot render. README.md and CONTRIBUTING.md are not
+part of the site, and GitHub renders them and docs/*.md on their own, so every relative link there is checked here
+too: its file must exist, and its ``#anchor`` must be a heading of the target as both GitHub and mkdocs spell
+heading ids.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def broken_links(path: Path) -> list[str]:
 
 
 def markdown_files() -> list[Path]:
-    return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda path: str(path.relative_to(REPO)))
