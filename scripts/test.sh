@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything CI runs (.ci/run), in four steps: set up .venv (bootstrap.sh); provision the servers the fixtures start
 # (servers.sh, once); lint and types in tox's `lint` and `type` environments, as a contributor runs them; then the
-# whole suite, with the version matrix beside it (tox's py311-oldest and, where a Python 3.13 runs, py313-newest:
-# tox.ini), each on ports of its own. Arguments go to pytest: only those tests run, and no matrix. The matrix's output
+# whole suite on two pytest-xdist workers (a file's tests on one worker, each worker with servers of its own), with
+# the version matrix beside it (tox's py311-oldest and, where a Python 3.13 runs, py313-newest: tox.ini), each on ports of
+# its own. Arguments go to pytest: only those tests run, in one process, and no matrix. The matrix's output
 # follows the suite's, then the suite's closing line; the script fails if any step failed.
 source "$(dirname "$0")/bootstrap.sh"
 echo "== provisioning (scripts/servers.sh)"
@@ -12,6 +13,7 @@ echo "== lint and types (tox -e lint,type)"
 .venv/bin/tox run -e lint,type
 matrix=0
 if [ "$#" = 0 ]; then
+  set -- -n 2 --dist loadfile
   tox_path=$PATH
   if ! python3.13 --version >/dev/null 2>&1; then
     for dir in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin; do

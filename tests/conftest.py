@@ -39,6 +39,7 @@ import distlock
 from distlock._errors import ConfigurationError
 from distlock._lock import _held
 from distlock.testing import EtcdCluster, EtcdServer, MariaDBServer, PostgresServer, etcd_version, find_etcd
+from distlock.testing._base import PORT_RANGE_ENV, _port_range
 from distlock.testing._plugin import ThrowawayServers
 
 ETCD34 = "etcd-3.4"
@@ -55,7 +56,19 @@ BACKENDS = (
 )
 
 
+def _ports_of_this_worker() -> None:
+    """Under pytest-xdist (``-n 2``: scripts/test.sh), each worker starts servers of its own: give each a slice of the
+    run's port range, so that no worker takes a port another worker's stopped server is about to take again."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or count < 2:
+        return
+    low, high = _port_range() or (15000, 32000)
+    size, index = (high - low) // count, int(worker.removeprefix("gw"))
+    os.environ[PORT_RANGE_ENV] = f"{low + index * size}-{low + (index + 1) * size - 1}"
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _ports_of_this_worker()
     config.addinivalue_line("markers", "etcd34: runs on Debian's etcd 3.4 (the etcd-3.4 backend parameter)")
     config.addinivalue_line(
         "markers", "real_server: needs the lock service in a process of its own (not run on the memory backend)"

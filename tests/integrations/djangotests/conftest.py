@@ -100,7 +100,8 @@ def django_db_modify_db_settings(
         # Django creates (and drops) test_djangotests itself: a user of its own may.
         server.sql(
             "CREATE USER IF NOT EXISTS 'django'@'127.0.0.1' IDENTIFIED BY 'django'; "
-            "GRANT ALL PRIVILEGES ON `test_djangotests`.* TO 'django'@'127.0.0.1';"
+            # (``test_djangotests_gw0`` under pytest-xdist: pytest-django names a worker's databases so)
+            "GRANT ALL PRIVILEGES ON `test_djangotests%`.* TO 'django'@'127.0.0.1';"
         )
         connections.settings["maria"].update(_maria(server.port))
 
