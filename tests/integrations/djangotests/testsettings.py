@@ -11,6 +11,12 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 
+def _created_alone() -> dict[str, Any]:
+    """Django's test-database settings (all of them: conftest.py replaces these dicts after Django filled in its
+    defaults), with no dependency on "default": a run of only this database's tests creates it alone."""
+    return {"CHARSET": None, "COLLATION": None, "MIGRATE": True, "MIRROR": None, "NAME": None, "DEPENDENCIES": []}
+
+
 def _pg(url: str) -> dict[str, Any]:
     parts = urlsplit(url)
     return {
@@ -21,6 +27,7 @@ def _pg(url: str) -> dict[str, Any]:
         "HOST": parts.hostname or "127.0.0.1",
         "PORT": str(parts.port or 5432),
         "CONN_MAX_AGE": 0,
+        "TEST": _created_alone(),
     }
 
 
@@ -36,6 +43,7 @@ def _maria(port: int) -> dict[str, Any]:
         "PORT": str(port),
         "CONN_MAX_AGE": 0,
         "OPTIONS": {"charset": "utf8mb4"},
+        "TEST": _created_alone(),
     }
 
 
