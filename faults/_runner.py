@@ -406,7 +406,8 @@ def verification(outcomes: Sequence[Outcome], options: Options, elapsed: float) 
         [
             "# Verification: the fault matrix",
             "",
-            "Written by `python -m faults --long` (the `faults/` package: nemesis, workload, checker, runner).",
+            "Written by `python -m faults --long` (the `faults/` package: lock services, nemesis, workload, checker, "
+            "runner).",
             f"Each row is one run: {options.workers} worker processes doing lock (ttl {options.ttl:g} s) -> claim -> "
             "read -> write -> release on one counter row (or appending its token to one list row: lock-set) while the "
             f"fault happens {options.repeat} time(s) for {options.duration:g} s each (a frozen or cut-off holder, a "
