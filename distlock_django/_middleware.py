@@ -9,7 +9,8 @@ The first rule (``_rules``) that matches a request's URL name or path and method
 view runs (and before ``ATOMIC_REQUESTS`` opens its transaction) and released when the response is complete: after
 the request's transaction committed, and for a streaming response only after its last chunk (or the client left).
 Busy, lost and stale answer as the decorator's (one mapping, ``conflict_answer``), given in ``process_exception``
-because Django turns a view's exception into a 500 before it reaches ``__call__``. Rule keys: docs/reference/django-settings.md.
+because Django turns a view's exception into a 500 before it reaches ``__call__``. The rule keys:
+docs/reference/django-settings.md.
 
 What can go wrong: a malformed rule raises ``ConfigurationError`` on the first request (``manage.py check`` reports
 it as ``distlock.E003``).
