@@ -1,4 +1,4 @@
-"""Handing a lock from the process that sent a task to the worker that runs it (``lock_on="enqueue"``, ``self.retry()``).
+"""Handing a lock from the process that sent a task to the worker that runs it (enqueue mode, ``self.retry()``).
 
 The sender holds the lock under the task's id as owner, writes its name and token into the message headers, and
 hands it over (``Lock.hand_over``; :data:`RESERVATIONS` lists them): the lease stays alive, the key is left for the
