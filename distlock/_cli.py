@@ -5,20 +5,15 @@
     distlock --url etcd://127.0.0.1:2379 force-release NAME --token N
     distlock --url sql+postgresql://user@host/db sql-tables [--print-only]
 
-The URL may also come from ``DISTLOCK_URL``; ``--json`` prints one JSON document instead of text, for scripts. It
-needs no framework: it talks to the lock service with :func:`distlock.connect`, like an application would, and
-works while the application is down.
+The URL may also come from ``DISTLOCK_URL``; ``--json`` prints one JSON document, for scripts. It talks to the lock
+service with :func:`distlock.connect`, needs no framework, and works while the application is down.
+``force-release`` removes the holder only if its token is still ``N``, so a lock that changed hands is never taken
+from its new holder; ``sql-tables`` creates the SQL lock table's missing tables (or only prints their DDL).
+Operators' guide: docs/operations/stuck-locks.md.
 
-``force-release`` removes the holder only if its fencing token is still ``N`` (the token ``list`` or ``show``
-printed), so a lock that changed hands since is never taken from its new holder.
-
-``sql-tables`` (SQL lock table URLs only, ``sql+...://``) creates the lock table's tables and indexes that are
-missing and prints their DDL; with ``--print-only`` it connects to nothing and only prints the DDL, for a DBA to
-run (the tables are otherwise created on first use, which needs the privilege to create tables).
-
-Exit status: 0 done; 1 ``force-release`` changed nothing (nobody holds the lock, or its holder's token is not ``N``
-any more); 2 a bad command line or input (a malformed or missing URL, a bad lock name or token); 3 the lock service
-failed (unreachable, refused the credentials). Every failure is one message on stderr, never a traceback.
+What can go wrong, as the exit status: 1 ``force-release`` changed nothing (no holder, or another token); 2 a bad
+command line or input (a malformed or missing URL, a bad name or token); 3 the lock service failed (unreachable,
+refused the credentials). Every failure is one message on stderr, never a traceback.
 """
 
 from __future__ import annotations

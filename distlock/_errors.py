@@ -1,7 +1,5 @@
-"""The exceptions distlock raises, all under one root.
-
-Every failure a caller can act on is one of these; errors of the underlying client libraries (grpc, redis-py, kazoo,
-SQLAlchemy) are translated at the backend boundary and kept as ``__cause__``. The tree::
+"""The exceptions distlock raises, all under one root; client libraries' errors (grpc, redis-py, kazoo, SQLAlchemy) are
+translated at the backend boundary and kept as ``__cause__``::
 
     DistlockError
     ├── ConfigurationError (also ValueError)   a bad URL, option or argument; a missing extra
@@ -20,8 +18,7 @@ SQLAlchemy) are translated at the backend boundary and kept as ``__cause__``. Th
     ├── StaleFenceToken                        the database refused a write made with an older fencing token
     └── UnfencedWrite                          strict mode: a write to a fenced row without its lock's token
 
-``LockLost`` says the lock *may already be held by someone else*: work done under it is not protected by the lock,
-only by fenced writes.
+``LockLost`` says the lock *may already be held by someone else*: only fenced writes still protect the work.
 """
 
 from __future__ import annotations

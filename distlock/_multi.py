@@ -1,24 +1,17 @@
 """Several locks taken as one: all of them or none, without deadlock, each with its own fencing token.
 
-``client.multi_lock(["account:7", "account:3"])`` is the transfer between two accounts: both rows must be held
-before either is written. It is built on :class:`~distlock.Lock` and nothing else, one handle per name, and adds
-two rules:
+``client.multi_lock(["account:7", "account:3"])`` is built on :class:`~distlock.Lock` alone, one handle per name,
+and adds two rules. *One canonical order*: the names are taken sorted (``str`` order, the same in every process),
+so two processes asking for ``{a, b}`` and ``{b, a}`` both queue for ``a`` first and no cycle can form.
+*All or nothing*: ``acquire(timeout=T)`` has one deadline for the whole set; when it runs out, the wait is
+cancelled or anything raises part-way, the locks already taken are released (in reverse order) first. Others may
+have seen those locks held for that moment; nothing was written under them. While held, each lock is current for
+its own name, so fenced rows find their own lock's token. docs/primitives.md has the user's view.
 
-- *One canonical order.* The names are taken in sorted order (Python's ``str`` order, the same in every process),
-  whatever order the caller gave. Two processes asking for ``{a, b}`` and ``{b, a}`` both queue for ``a`` first, so
-  neither can hold ``b`` while waiting for ``a``: no cycle, no deadlock. A name given twice is taken once.
-- *All or nothing.* ``acquire(timeout=T)`` has one deadline for the whole set. When the time runs out, the wait is
-  cancelled or anything raises part-way, the locks already taken are released (in reverse order) before
-  ``acquire()`` returns False or the error propagates: a failed multi-lock holds nothing. Others may have seen those
-  locks held for that moment; the fence makes that harmless, since nothing was written under them.
-
-While held, every lock of the set is *current* for its own name, so a fenced row guarded by ``account:{pk}`` finds
-the right token in ``distlock_django`` and ``distlock_sqla`` for each row. ``lost`` is true as soon as any of the
-locks is lost; ``ensure_held()`` checks them all. ``release()`` releases every lock, in reverse order, even when
-one of them fails, and then raises the first failure (``LockLost`` when one was lost while held).
-
-What can go wrong: an empty set, a single string where a list of names was meant, or a bad name is a
-``ConfigurationError`` (``InvalidLockName``) from ``multi_lock()`` itself; otherwise as :class:`~distlock.Lock`.
+What can go wrong: an empty set, a single string where a list was meant, or a bad name raises
+``ConfigurationError`` (``InvalidLockName``) from ``multi_lock()`` itself. ``lost`` is true once any lock is lost;
+``release()`` releases every lock, even when one fails, then raises the first failure (``LockLost`` when one was
+lost while held). Otherwise as :class:`~distlock.Lock`.
 """
 
 from __future__ import annotations

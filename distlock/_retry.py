@@ -1,25 +1,17 @@
 """The one retry loop of every backend: attempts with exponential back-off until a deadline, errors translated once.
 
-A backend request is idempotent by construction (see each backend's module docstring), so a request that failed
-with an error meaning "not now" (a member restarting, a failover, a dropped connection) is simply sent again. What
-each backend brings is its :class:`ErrorTable`: which of its client library's exceptions may be retried, what can
-be repaired before trying again (an expired etcd auth token, a Redis Cluster's slot map), and which distlock error
-each exception becomes (``BackendUnavailable``, ``AuthenticationFailed``, ``LeaseGone``, ``BackendError``).
+Each backend brings an :class:`ErrorTable`: which of its client library's exceptions may be retried, what can be
+repaired before trying again (an expired etcd auth token, a Redis Cluster's slot map), and which distlock error each
+becomes (``BackendUnavailable``, ``AuthenticationFailed``, ``LeaseGone``, ``BackendError``). :func:`retrying` sleeps
+20 ms after the first failure, doubling up to ``max_backoff``, never past the deadline, and hands each try an
+:class:`Attempt` with its own deadline (earlier with ``attempt_budget``, so one member that does not answer costs
+one short attempt). Why a request may be sent again, and the back-off: docs/design.md, "Retries".
 
-The loop sleeps 20 ms after the first failure, doubling up to half a second (or the backend's ``max_backoff``: a
-backend with other members to turn to keeps its pauses short, so a retry follows an election closely), and never
-sleeps past the deadline:
-when the next pause would end after it, the last error is translated and raised (a retryable error becomes
-``BackendUnavailable``), with the client library's exception as ``__cause__``. An exception the table does not
-know (a distlock error raised inside the attempt, a programming error) passes through unchanged.
-
-Every attempt is handed an :class:`Attempt` carrying its own deadline: the request's deadline, or, when the backend
-passes ``attempt_budget``, an earlier one, so that one member that does not answer (frozen, cut off from its
-cluster) costs one short attempt instead of the whole request's time. The backend decides what a timed-out attempt
-means: only a request that is safe to send twice may be retried after one.
-
-Every failed attempt that the table translates, retried or not, is counted in the ``distlock.backend.errors`` metric
-by the distlock error it reads as (``_metrics``); an exception the table does not know is not counted.
+What can go wrong: when the next pause would end after the deadline, the last error is translated and raised (a
+retryable one as ``BackendUnavailable``) with the client library's exception as ``__cause__``. An exception the
+table does not know (a distlock error raised inside the attempt, a programming error) passes through unchanged and
+uncounted; every translated failure, retried or not, is counted in ``distlock.backend.errors``. What a timed-out
+attempt means is the backend's call: only a request safe to send twice may be retried after one.
 """
 
 from __future__ import annotations

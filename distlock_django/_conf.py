@@ -1,30 +1,16 @@
 """distlock_django settings: one ``DISTLOCK`` dict in Django settings, read lazily, merged over defaults, checked once.
 
-    DISTLOCK = {
-        "URL": "etcd://127.0.0.1:2379",   # any distlock.connect() URL, or "django://default": a lock table there
-        "OPTIONS": {},                    # more connect() keyword options (connect_timeout, request_timeout, ...)
-        "TTL": 30.0,                      # lease length of locks taken by the decorator and the middleware
-        "TIMEOUT": 10.0,                  # how long they wait for a busy lock
-        "KEY_PREFIX": "",                 # prepended to every lock name distlock_django makes (also fence_lock)
-        "FENCING": "on",                  # "on": fence writes made under the row's lock; "strict": refuse all others
-        "RULES": [],                      # DistributedLockMiddleware rules, see _rules.py
-        "CONTENTION_STATUS": 423,         # busy lock in a view: 423 or 409 with Retry-After; None: raise
-        "RETRY_AFTER": 1,                 # whole seconds, for the Retry-After header
-        "CONFLICT_STATUS": 409,           # LockLost / StaleFenceToken escaping a view
-    }
-
 One validator, :func:`validate`, judges a ``DISTLOCK`` value against the table :data:`SETTINGS` (each key's
 default, check id, what it allows) and returns every problem at once. The system checks (``checks.py``) report its
-problems as ``manage.py check`` messages; :func:`conf` runs the same validator on first use and raises
-``ConfigurationError`` listing every bad key, so a setting that passes the checks also works at run time. Durations
-go through :func:`distlock.seconds`; the URL and ``OPTIONS`` are judged by ``distlock.backends.parse_url``, which
-parses them without side effects (no connection, no file read).
+problems as ``manage.py check`` messages; :func:`conf` runs the same validator on first use, so a setting that
+passes the checks also works at run time. Durations go through :func:`distlock.seconds`; the URL and ``OPTIONS``
+are judged by ``distlock.backends.parse_url``, without side effects (no connection, no file read). Values are
+cached until ``setting_changed`` fires and never written back into ``settings``. The keys, their defaults, ids and
+allowed values: docs/reference/django-settings.md.
 
-Values are read on every use (cheap: cached until ``setting_changed`` fires), never written back into
-``settings``. What can go wrong: a bad value raises ``ConfigurationError`` naming the key (``DISTLOCK["TTL"]``) on
-first use; an unknown key is only logged as a warning (``distlock.W001`` in ``manage.py check``, with a "did you
-mean"), since a setting a newer release added must not break an older one. The keys, their ids and allowed values
-are documented in docs/reference/django-settings.md.
+What can go wrong: a bad value raises ``ConfigurationError`` naming every bad key (``DISTLOCK["TTL"]``) on first use;
+an unknown key is only logged as a warning (``distlock.W001`` in ``manage.py check``, with a "did you mean"), since
+a setting a newer release added must not break an older one.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """``@distributed_lock("order:{order_id}")``: one holder at a time for a view, a class-based view or a function.
 
-The lock name comes from the template, rendered per call from the call's bound arguments (defaults applied, URL
-kwargs included: ``**kwargs`` is merged in), with attribute access such as ``{request.user.pk}``. A template that
-names a parameter the function cannot have fails when decorating; a value missing at call time fails then, both
-with ``InvalidKeyTemplate``.
+The lock name is rendered per call from the call's bound arguments (defaults applied, URL kwargs merged in), with
+attribute access such as ``{request.user.pk}``; ``with distributed_lock("report:daily")`` takes a fixed name. With
+``limit=N`` the name is a semaphore of N holders. A lock that ends inside ``transaction.atomic()`` or
+``ATOMIC_REQUESTS`` is released when the transaction ends (``_tx``), so the next holder never reads what this one
+had not committed; async views release at once. docs/integrations/django.md has the user's view of all this.
 
-In a view (any call with an ``HttpRequest`` argument): a busy lock answers ``DISTLOCK["CONTENTION_STATUS"]``
-(423 by default, or 409) with ``Retry-After``, or raises ``LockNotAcquired`` when that setting is None; a
-``LockLost`` or ``StaleFenceToken`` escaping the view answers ``CONFLICT_STATUS`` (409). Responses say neither who
-holds the lock nor any token. Elsewhere the errors propagate.
-
-Release waits for commit: a lock that ends inside ``transaction.atomic()`` or ``ATOMIC_REQUESTS`` is released when
-the transaction commits or rolls back (see ``_tx.py``), so the next holder never reads what this one had not
-committed. The atomic blocks Django's ``TestCase`` (or pytest-django's ``db``) wraps a test in do not count: they
-never commit. Async views release at once (Django forbids ``ATOMIC_REQUESTS`` for them).
-
-Also a context manager for a fixed name: ``with distributed_lock("report:daily") as lock: ...``.
-
-With ``limit=N`` the name is a semaphore: at most N calls hold it at once (each with its own fencing token), and the
-busy answer comes when N already hold it. A ``limit`` that is not an int from 1 to 10,000 raises
-``ConfigurationError`` when decorating; a name used with another limit (or as a plain lock) at the same time
-raises ``LockKindMismatch`` at call time.
+What can go wrong: a template naming a parameter the function cannot have fails when decorating, a value missing at
+call time fails then (both ``InvalidKeyTemplate``); a bad ``limit`` is ``ConfigurationError`` when decorating, a name
+used with another limit at the same time ``LockKindMismatch``. In a view (a call with an ``HttpRequest``) a busy lock
+answers ``CONTENTION_STATUS`` (423) with ``Retry-After`` (or raises ``LockNotAcquired`` when it is None), and a
+``LockLost`` or ``StaleFenceToken`` answers ``CONFLICT_STATUS`` (409), naming no holder or token; elsewhere the
+errors propagate.
 """
 
 from __future__ import annotations

@@ -5,20 +5,15 @@
         {"path": r"^/api/accounts/", "methods": ["POST"], "key": "account:{request.user.pk}", "timeout": 0},
     ]}
 
-A rule matches by URL name (``url_name``: a name, namespaced ``"app:name"``, or a list) and/or a path regex
-(``path``, matched against ``request.path_info``), and by method (``methods``; default the unsafe ones: POST, PUT,
-PATCH, DELETE). The first matching rule wins. ``key`` is a template rendered from the URL kwargs and ``request``;
-``ttl`` and ``timeout`` default to ``DISTLOCK["TTL"]``/``["TIMEOUT"]``.
+The first rule (``_rules``) that matches a request's URL name or path and method wins. The lock is taken before the
+view runs (and before ``ATOMIC_REQUESTS`` opens its transaction) and released when the response is complete: after
+the request's transaction committed, and for a streaming response only after its last chunk (or the client left).
+Busy, lost and stale answer as the decorator's (one mapping, ``conflict_answer``), given in ``process_exception``
+because Django turns a view's exception into a 500 before it reaches ``__call__``. The rule keys:
+docs/reference/django-settings.md.
 
-The lock is taken before the view runs (and before ``ATOMIC_REQUESTS`` opens its transaction) and released after the
-response is complete: for an ordinary response when the view returns — after the request's transaction committed —
-and for a streaming response only when its last chunk has been sent (or the client went away). A busy lock
-answers like the decorator (423/409 with ``Retry-After``; with ``CONTENTION_STATUS`` None it raises
-``LockNotAcquired``), and a ``LockLost`` or ``StaleFenceToken`` escaping the view answers ``CONFLICT_STATUS`` (409),
-as the decorator's (one mapping, ``conflict_answer``). Django turns a view's exception into a 500 response before it
-reaches a middleware's ``__call__``, so the answer is given in ``process_exception``, which Django calls first. It is
-a synchronous middleware (Django adapts it for async views). What can go wrong: a malformed rule (``_rules.py``)
-raises ``ConfigurationError`` on the first request (and ``manage.py check`` reports it as ``distlock.E003``).
+What can go wrong: a malformed rule raises ``ConfigurationError`` on the first request (``manage.py check`` reports
+it as ``distlock.E003``).
 """
 
 from __future__ import annotations

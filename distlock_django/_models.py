@@ -1,76 +1,21 @@
 """``FencedModel``: rows the database itself protects from stale lock holders.
 
-A fenced model has a ``fence_token`` column and declares the lock that guards each row::
-
     class Account(FencedModel):
         balance = models.IntegerField()
         fence_lock = "account:{pk}"          # rendered from the row; DISTLOCK["KEY_PREFIX"] is prepended
 
-Inside that lock (``@distributed_lock("account:{pk}")``, ``with distributed_lock(...)``, or any distlock lock of that
-name), writes carry the lock's fencing token and the database refuses them once a newer holder has touched the row:
+Inside the row's lock, writes carry the lock's fencing token and the statement itself decides: ``.fenced()`` claims
+the rows (``fence_token = :t`` where it is ``<= :t``) before reading them; ``save()`` is Django's own, with
+``fence_token = :t WHERE ... AND fence_token = :read`` in its UPDATE (``:read``: the token the instance's data was
+read with, kept by ``_reads``); ``delete()`` claims first (a ``pre_delete`` receiver); ``create()`` stores the
+token; ``fenced_update()`` writes many rows all or nothing. The token is the innermost held lock *of the row's
+name*. Which writes are fenced, claimed or plain, moves, inheritance, the one-statement claim and the long way:
+docs/integrations/django.md ("FencedModel"); why claim-on-read: docs/design.md.
 
-- ``Account.objects.filter(...).fenced()`` — like ``select_for_update()``: when evaluated it first *claims* the
-  rows (sets ``fence_token = :t`` where it is ``<= :t``) and then reads them, all or nothing.
-  Claiming on read is what stops lost updates: a write-only guard lets a paused holder that read before a newer
-  holder write after it, and both writes pass. Once the newer holder has claimed, the old one's write is refused.
-- ``save()`` is Django's own (signals, ``update_fields`` checks, related objects, inheritance); its UPDATE
-  (``_do_update``) is ``... SET ..., fence_token = :t WHERE pk = :pk AND fence_token = :read AND <the template's
-  fields = the values the lock name was rendered from>`` (``:read <= :t``): the statement decides. ``:read`` is
-  the token the instance's data was read with (noted on ``instance._state`` by ``from_db()`` and
-  ``refresh_from_db()``, kept through pickling and copies; ``fence_token`` is never deferred by a fenced
-  queryset's ``only()``/``defer()``), or of its own last save or claim; one made in a transaction counts while
-  that transaction lives (``distlock_django._reads``). So an instance read before a lock holder wrote the row is
-  refused, whoever saves it. An instance built from a pk has no read: a blind write, ``fence_token <= :t`` alone.
-  ``create()`` stores ``:t``. Every deletion of a fenced row (``delete()``, ``QuerySet.delete()``, a cascade,
-  also from a plain parent) claims it first, in a ``pre_delete`` receiver inside Django's deletion transaction;
-  ``delete()`` of a loaded instance also checks its read.
-  ``QuerySet.fenced_update(**values)`` updates many rows, each under its own lock's token, all or nothing.
-- 0 rows where 1 was expected raise ``StaleFenceToken`` (with the token, the row and the newer token found); the
-  transaction of a bulk update is rolled back, so no row is skipped silently. Only then (never on an accepted
-  write) is the row read again, to say why: gone, claimed by a newer holder, or stored under another lock name.
-- A lock-name change is a move: a save whose row is stored under another name (its name fields differ from the
-  values the held lock's name was made from) needs that name's lock too (``LockNotOwned``), read in a locking read in
-  the write's transaction, and stores the larger token. ``fenced_update()`` reads the rows' names with
-  ``select_for_update()`` and needs the destination's lock for rows it moves. Only the row's own columns (of the
-  table holding ``fence_token``) can be compared in SQL; a template reading anything else is checked against the
-  new name only.
-- Multi-table inheritance: ``fence_token`` is in the fenced parent's table. Every guard is an UPDATE of that table
-  alone with the token in its WHERE, before (and in one transaction with) the writes of the child's own table.
-- Plain writes (no lock, ``FENCING = "on"``) leave ``fence_token`` out: a plain ``save()`` never lowers a row's
-  token, and it too is refused (``StaleFenceToken``) once a lock holder wrote the row after the instance was read.
-  ``QuerySet.update()``, ``bulk_update()``, ``bulk_create()`` (and its upsert) and the base manager's writes (a
-  reverse foreign key's ``add()``/``remove()``/``clear()``, ``on_delete=SET_NULL``) are plain; in strict mode they
-  raise ``UnfencedWrite`` before writing (an UPDATE matching no row is no write and passes).
-  ``bulk_update()`` or an upsert naming ``fence_token`` raises ``ConfigurationError``.
-
-How a claim runs. Where the database has ``UPDATE ... RETURNING`` (PostgreSQL, SQLite >= 3.35) and the rows can be
-named in SQL, one statement claims and reads::
-
-    UPDATE account SET fence_token = CASE WHEN <row of lock :name> AND fence_token <= :t THEN :t END
-    WHERE <the queryset's filter> RETURNING <the queryset's columns>
-
-``:name``/``:t`` are the fence (the one passed, else the innermost lock held). A row of another lock, or one a newer
-holder has claimed, gets NULL, which ``fence_token``'s NOT NULL refuses: the statement fails whole and writes nothing,
-and the claim is made again the long way, which raises the precise error (or claims rows of several held locks, each
-with its own token). Inside a transaction that statement runs in a savepoint, so a refused claim leaves the
-caller's transaction usable. The long way — for MySQL and MariaDB (no ``UPDATE ... RETURNING``; MariaDB has it
-for INSERT and DELETE only), a template other than one integer field (``"account:{pk}"``, ``"book:{book_id}"``) or a
-constant, and querysets the statement cannot reproduce (``values()``, ``select_related()``, annotations, ``distinct()``,
-unions, multi-table inheritance, related managers, an ordering other than by non-null numeric, date or boolean
-fields, which Python sorts as the database does) — reads the rows to name their locks, claims them per token in a
-transaction, then reads them again (on MariaDB/MySQL a sliced queryset's pks are read first: no ``LIMIT`` in an
-``IN`` subquery there). ``aiterator()`` claims as ``iterator()`` does. A deferred row (``only()``/``defer()``)
-saves its loaded fields only, as Django's ``save()`` does.
-
-The token is found in the current context: the innermost held lock *whose name is the row's lock name*. A fence
-of another lock, passed explicitly (``save(fence=...)``), or the only locks held being others, raises
-``LockNotOwned``: a busier lock's token would pass the check and defeat the fence. Outside any lock, writes are
-plain (``DISTLOCK["FENCING"] = "on"``) or refused with ``UnfencedWrite`` (``"strict"``).
-
-Transactions: a claim made inside ``transaction.atomic()`` holds the row lock until commit, so a holder stalled
-mid-transaction stalls the next holder at the database rather than at the lock service — still safe, not live until
-the stalled connection ends. Bound it with PostgreSQL's ``idle_in_transaction_session_timeout`` and statement
-timeouts.
+What can go wrong: 0 rows where 1 was expected raise ``StaleFenceToken`` (the row is read again only then, to say
+why), nothing written; another lock's token, or only other locks held, is ``LockNotOwned``; a write outside the lock
+is plain (``FENCING = "on"``) or ``UnfencedWrite`` (``"strict"``, also for the plain bulk APIs). A claim inside a
+transaction holds the row lock until commit: a holder stalled there stalls the next one at the database.
 """
 
 from __future__ import annotations
@@ -399,7 +344,7 @@ class FencedQuerySet(models.QuerySet[_M]):
     def _claim_and_read(self) -> list[_M] | None:
         """Claim the rows; return them if the claim read them too (one statement), else None: read them after.
 
-        The one place that picks how a claim runs (the module docstring says when it is one statement).
+        The one place that picks how a claim runs (docs/integrations/django.md says when it is one statement).
         """
         claim = self._distlock_claim
         explicit = claim if isinstance(claim, Fence | distlock.Lock) else None
@@ -687,7 +632,7 @@ class FencedManager(models.Manager.from_queryset(FencedQuerySet)):  # type: igno
 
 
 class FencedModel(models.Model):
-    """Abstract base for rows guarded by a lock; see the module docstring."""
+    """Abstract base for rows guarded by a lock; see docs/integrations/django.md ("FencedModel")."""
 
     fence_token: models.BigIntegerField[int, int] = models.BigIntegerField(default=0, editable=False)
 

@@ -1,33 +1,19 @@
 """The token a fenced model instance's data was read with: what its ``save()`` and ``delete()`` compare.
 
-A write of a loaded instance carries ``fence_token = :read``: it lands only while the row still carries the token
-the instance's data was read with, so nothing a lock holder wrote since is overwritten (``distlock_django._models``
-builds the statements). This module keeps that token:
+A write of a loaded instance carries ``fence_token = :read`` (``_models`` builds the statements), so nothing a lock
+holder wrote since the read is overwritten. The token is kept on ``instance._state`` (copied and pickled with the
+instance), never in the ``fence_token`` attribute, which code may overwrite; it is noted by ``from_db()``, a full
+``refresh_from_db()``, ``bulk_create()``, and the instance's own saves and claims. ``None`` means unknown (built
+from a pk, loaded without its token, or saved to another database): the write is blind (``<= :t`` alone).
 
-- on ``instance._state`` (Django's ModelState: copied with the instance, pickled with it), never in the
-  ``fence_token`` attribute, which code may overwrite; ``None``: unknown (built from a pk, loaded without its token,
-  or saved to another database than it was read from), and the write is blind (the lock's ``<= :t`` alone);
-- from ``from_db()``, a full ``refresh_from_db()``, ``bulk_create()``, and the instance's own saves and claims,
-  which move the row to their token.
+A save or claim made inside a transaction counts only while that transaction (or savepoint) lives: after a
+rollback the instance's read is again what came before (after a rolled-back claim: unknown, blind inside that lock
+and refused elsewhere). How a rollback is noticed without a callback of our own: the comment on :class:`_Pending`.
 
-A save or claim made inside a transaction moves the row only while that transaction lives: rolled back (the whole
-transaction, or the savepoint it was made in), the row carries again what it carried before. Django tells nobody
-of a rollback, and a callback of distlock's in its ``on_commit()`` list would show in the application's tests
-(``captureOnCommitCallbacks``). What it does show: it makes a new list of those callbacks whenever a transaction ends
-or a savepoint is rolled back, and keeps the same list (appending) otherwise. So such a write is noted as pending,
-with the list it was made under: while that list is still the connection's, nothing was rolled back since, and the
-row carries the write's token. Once the list changed, the row's token is read (once; only then) and decides:
-the write's token still there, it stands (committed, or still in an open transaction); another, it was rolled back,
-and the instance's read is what came before. What came before a claim is unknown (the claim never read it): after
-its rollback the instance writes blind inside the same lock, and is refused anywhere else.
-
-What cannot be told apart: within one lock's tenure, a rolled-back write of this instance and another instance's
-write with the same token after it: both leave the row at that token, and the instance's save lands (the holder's
-instances of a row are not fenced from each other, as in plain Django the last save wins). Not followed: manual
-transactions (``transaction.set_autocommit(False)``), where a write counts at once; an instance read inside a
-transaction that saw this holder's own uncommitted claim, kept after that transaction rolls back (its read is a
-token the row no longer carries: its save is refused; ``refresh_from_db()`` it); a pickled instance keeps the read
-it had when pickled.
+What cannot be told apart or followed: within one lock's tenure, a rolled-back write of this instance and another
+instance's write with the same token (the instance's save lands; the last save wins, as in plain Django); manual
+transactions (``set_autocommit(False)``), where a write counts at once; a pickled instance keeps the read it had
+when pickled. docs/integrations/django.md ("FencedModel") says the same to users.
 """
 
 from __future__ import annotations
@@ -44,6 +30,13 @@ _ATTR = "distlock_read"  # on instance._state: an int, None, a _Pending or a _Cl
 UNMATCHED = -1
 
 
+# A write made in a transaction is pending until we know it was not rolled back. Django tells nobody of a rollback,
+# and a callback of ours in its on_commit() list would show in the application's tests (captureOnCommitCallbacks).
+# What it does show: it makes a new list of those callbacks whenever a transaction ends or a savepoint is rolled
+# back, and keeps the same list (appending) otherwise. So a pending write keeps the list it was made under: while
+# that list is still the connection's, nothing was rolled back since, and the row carries the write's token. Once
+# the list changed, the row's token is read (once; only then) and decides: the write's token still there, it stands
+# (committed, or still in an open transaction); another, it was rolled back, and the read is what came before.
 class _Pending:
     """``token``, written or claimed in a transaction of ``connection`` while its list of on-commit callbacks was
     ``seen``; ``before`` (an int, None, a ``_Claimed`` or another ``_Pending``) if it was rolled back."""

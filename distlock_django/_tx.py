@@ -2,20 +2,10 @@
 
 If a lock is released while the transaction that wrote under it is still open, the next holder can read the rows as
 they were before that write: the lock then protects nothing. So when a lock ends inside ``transaction.atomic()``
-(or ``ATOMIC_REQUESTS``), the release is deferred until every open transaction of this thread has committed.
-
-Django has ``on_commit`` hooks but no rollback hook. A rollback drops the hooks registered inside it, so each hook
-here is an object watched by ``weakref.finalize``: when Django drops it without running it (rollback, or a closed
-connection) the finalizer releases the lock. On CPython that happens at once, in the thread that rolled back.
-
-Django's ``TestCase`` (and pytest-django's ``db`` fixture, built on it) wraps each test in atomic blocks that never
-commit: it rolls them back at the end of the test. Django marks those blocks (``Atomic._from_testcase``), and they
-are not counted here. A lock that ends when only a test case's blocks are open is released at once, as it would be
-outside any transaction; one that ends inside the test's own ``atomic()`` (or ``ATOMIC_REQUESTS``) on top of them is
-released when that block (the outermost one that is not the test case's) ends, committed or rolled back: in a real
-transaction that is where it would commit. That end is a ``RELEASE SAVEPOINT`` (or ``ROLLBACK TO SAVEPOINT``)
-statement, seen by an execute wrapper (Django's database instrumentation) that removes itself once it has fired.
-``TransactionTestCase`` and pytest-django's ``transactional_db`` open no such blocks: real transactions, real commits.
+(or ``ATOMIC_REQUESTS``), :func:`release_after_commit` defers the release until every open transaction of this
+thread has committed, or one rolled back. The atomic blocks Django's ``TestCase`` wraps a test in never commit and
+are not counted (docs/testing.md, "Django's TestCase"); how a rollback and a test's block end are seen: the comments
+at the code.
 
 What can go wrong: a release that finds the lock lost logs a warning (the transaction has already committed; its
 fenced writes were accepted or refused on their own merits) instead of raising into Django's commit path. Inside a
@@ -65,6 +55,9 @@ class _Pending:
         _release(self._lock)
 
 
+# Django has on_commit hooks but no rollback hook. A rollback drops the hooks registered inside it, so each hook is
+# watched by ``weakref.finalize``: when Django drops it without running it (a rollback, or a closed connection), the
+# finalizer releases the lock. On CPython that happens at once, in the thread that rolled back.
 class _Hook:
     """One on_commit hook; its finalizer tells a rollback (hook dropped unrun) from a commit."""
 
@@ -76,6 +69,10 @@ class _Hook:
         self._pending.committed(self._alias)
 
 
+# Inside a test case, the lock is released when the test's own outermost block (the first above the test case's)
+# ends, committed or rolled back: in a real transaction that is where it would commit. That end is a RELEASE
+# SAVEPOINT (or ROLLBACK TO SAVEPOINT) statement, seen by this execute wrapper (Django's database instrumentation),
+# which removes itself once it has fired. TransactionTestCase opens no such blocks: real transactions, real commits.
 class _BlockEnd:
     """An execute wrapper that fires once the test's own outermost atomic block (above a test case's) has ended."""
 
@@ -111,7 +108,8 @@ def _release(lock: distlock.Lock) -> None:
 
 
 def _test_case_blocks(connection: BaseDatabaseWrapper) -> int:
-    """How many of the connection's open atomic blocks, from the outermost, a test case opened (Django marks them)."""
+    """How many of the connection's open atomic blocks, from the outermost, a test case opened (Django marks them with
+    ``Atomic._from_testcase``): ``TestCase`` rolls them back at the end of the test, so they never commit."""
     count = 0
     for block in connection.atomic_blocks:
         if not getattr(block, "_from_testcase", False):
@@ -123,7 +121,7 @@ def _test_case_blocks(connection: BaseDatabaseWrapper) -> int:
 def release_after_commit(lock: distlock.Lock) -> bool:
     """Release ``lock`` now, or when this thread's open transactions commit (or roll back).
 
-    Blocks a test case opened around the test do not count (see the module's docstring). Returns True when the
+    Blocks a test case opened around the test do not count (see :func:`_test_case_blocks`). Returns True when the
     release was deferred. Raises ``LockLost`` only for an immediate release.
     """
     waiting: list[tuple[BaseDatabaseWrapper, int]] = []

@@ -1,24 +1,19 @@
 """Migration operations: the fence guard, a trigger that refuses any UPDATE lowering a fenced row's token.
 
-Fenced writes never lower ``fence_token``; a plain ``save()`` of an old instance, ``QuerySet.update()``, raw SQL or
-another service can. Installed by a migration, the guard makes the database refuse those writes from every writer::
-
-    from django.db import migrations
-    from distlock_django.operations import InstallFenceGuard
-
     class Migration(migrations.Migration):
         dependencies = [("bank", "0001_initial")]
         operations = [InstallFenceGuard("Account")]
 
-:func:`distlock.fence_guard_sql` writes the trigger for the database the migration runs on (PostgreSQL, SQLite,
-MySQL/MariaDB); unapplying the migration drops it. The operation changes no model state, honours database routers
-(``allow_migrate``), and ``sqlmigrate`` shows its SQL. Test databases get it when their migrations run.
+Fenced writes never lower ``fence_token``; a plain ``save()`` of an old instance, ``QuerySet.update()``, raw SQL or
+another service can, and the guard makes the database refuse those from every writer. :func:`distlock.fence_guard_sql`
+writes the trigger for the migration's database (PostgreSQL, SQLite, MySQL/MariaDB); unapplying drops it. The
+operation changes no model state, honours ``allow_migrate``, and ``sqlmigrate`` shows its SQL.
 
-What can go wrong: a database without a guard (another vendor) or a model without the field fails the migration
-with ``ConfigurationError``. On SQLite a later migration that rebuilds the table (Django remakes SQLite tables for
-most field changes) drops its triggers with the old table: add ``InstallFenceGuard`` again after such a migration.
-A refused UPDATE raises ``django.db.IntegrityError`` on PostgreSQL and SQLite and ``django.db.OperationalError`` on
-MySQL/MariaDB (SQLSTATE 45000), with a message starting ``distlock fence guard:``; nothing of it is written.
+What can go wrong: another database vendor, or a model without the field, fails the migration with
+``ConfigurationError``. On SQLite a later migration that rebuilds the table drops its triggers: add
+``InstallFenceGuard`` again after it. A refused UPDATE raises ``IntegrityError`` (PostgreSQL, SQLite) or
+``OperationalError`` (MySQL/MariaDB, SQLSTATE 45000), with a message starting ``distlock fence guard:``, and writes
+nothing.
 """
 
 from __future__ import annotations

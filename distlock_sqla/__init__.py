@@ -16,14 +16,12 @@ passed to someone else::
         account = claim_one(session, Account, account_id)  # claim, then read (docs/design.md: claim-on-read)
         account.balance += 10  # flushed with WHERE fence_token = :t; a stale holder gets StaleFenceToken
 
-Never imports Django, and uses only public names of :mod:`distlock`. Works with ``Session``/``Connection`` and
-``AsyncSession``/``AsyncConnection``. ``_mixin`` declares fenced models, ``_spec`` fenced tables and the fence
-policy, ``_flush`` the fenced ORM flush, ``_ops`` the claim and the ``fenced_*`` helpers, ``_guard`` the storage-level
-guard (a trigger refusing any UPDATE that lowers ``fence_token``).
+Works with ``Session``/``Connection`` and ``AsyncSession``/``AsyncConnection``; never imports Django. Which writes
+are fenced, strict mode and the storage-level guard (:func:`fence_guard`): docs/integrations/sqlalchemy.md.
 
-What can go wrong: a model or table that cannot be fenced fails when it is declared (``ConfigurationError``,
-``InvalidKeyTemplate``); a write the database refuses raises :class:`StaleFenceToken`; a write under another lock's
-token raises ``LockNotOwned``, and a fenced helper (or a strict flush) outside the row's lock ``UnfencedWrite``.
+What can go wrong: an unfenceable model or table fails when declared (``ConfigurationError``, ``InvalidKeyTemplate``);
+a refused write raises :class:`StaleFenceToken`, another lock's token ``LockNotOwned``, and a fenced helper (or a
+strict flush) outside the row's lock ``UnfencedWrite``.
 """
 
 from distlock import UnfencedWrite

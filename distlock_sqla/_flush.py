@@ -1,73 +1,20 @@
 """ORM flush integration: objects of ``FencedMixin`` models flushed inside their lock are written fenced.
 
-Mapper events on ``FencedMixin`` (``propagate=True``) run inside every flush, sync or async (``AsyncSession`` flushes
-in a greenlet that runs in the awaiting task's context, so the lock held by ``async with`` is visible there):
+Mapper events on ``FencedMixin`` (``propagate=True``) run inside every flush, sync or async (``AsyncSession``'s
+greenlet runs in the awaiting task's context, so the lock of ``async with`` is visible there). An UPDATE or DELETE
+is SQLAlchemy's own versioned statement (``fence_token`` is the ``version_id_col``): ``SET ..., fence_token = :t
+WHERE pk = :pk AND fence_token = :read``, ``t`` the token of the innermost held lock of the row's name as stored,
+``:read`` the token the object's data was read with, kept on ``InstanceState.info`` because expiry discards the
+loaded value (and SQLAlchemy would then compare against the row's current token, letting any write pass). A move
+(a name field changed) needs both locks and stores the larger token; an INSERT stores ``t`` (0 outside the lock).
+Why ``= :read`` and not ``<= :t``: docs/design.md; which writes are fenced: docs/integrations/sqlalchemy.md.
 
-- **UPDATE** of a modified object: its row's lock name is rendered from the row *as stored*; the innermost held lock
-  of that name gives the token ``t``, which is written into ``fence_token``. The statement is SQLAlchemy's own
-  versioned UPDATE: ``SET ..., fence_token = :t WHERE pk = :pk AND fence_token = :read``, where ``:read`` is the
-  token the object's data was read with, and the flush refuses an object read with a token newer than ``t`` before
-  writing. Changing a field the lock name is made of moves the row to another lock: both locks must be held here
-  (``LockNotOwned`` otherwise), the read must be no newer than the source lock's token, and the row gets the larger
-  of the two tokens (its token never goes down).
-- **DELETE**: the same check, ``WHERE fence_token = :read``.
-- **INSERT**: stores ``t`` (or 0 outside the lock). A delete and an add of the same key in one flush, which
-  SQLAlchemy writes as one UPDATE of the old row ("row switch"), is fenced as an update of the old row.
-
-``:read`` is never a value SQLAlchemy may have thrown away. Expiry (``expire_on_commit``, ``expire()``, a rollback)
-discards the object's loaded ``fence_token``, and SQLAlchemy would load the row's *current* token for the WHERE,
-making any write pass. So the token each object's data was read with is noted on its ``InstanceState.info`` by the
-``load``/``refresh`` events and by each write: expiry leaves it, pickling and detaching keep it, a partial refresh
-that leaves older values loaded keeps the older read, and a rolled-back transaction (a SAVEPOINT, a failed flush)
-restores what it was before the writes it undoes. Only an object whose token was never loaded (``defer()``) has
-no read: its row's token is read in the flush's own transaction, checked against ``t``, and the statement then
-compares with that, so nothing written in between slips through (for an unfenced write, that is a plain write).
-
-Why ``= :read`` and not only ``<= :t``: ``<= :t`` alone is a write-only guard, and it loses updates: a holder that
-read, paused past its lease, and writes after a newer holder read the same row (and before it wrote) would pass it,
-and the newer holder, writing from what it read, then overwrites that write. ``= :read`` (with ``:read <= :t``)
-accepts only writes based on the token still in the row: after a claim (``:read`` is then ``t``) it is the same as
-``<= :t``; for an object read before its claim it refuses the write if any lock holder claimed or wrote the row in
-between. Outside any lock the token is left alone, and the write is refused only if a lock holder touched the row
-since it was read (unfenced writers do not see each other). Read with :func:`distlock_sqla.claim` inside the lock
-and a newer holder's claim makes the old holder's flush fail.
-
-The refusal itself is SQLAlchemy's: ``fence_token`` is the mapper's ``version_id_col``, so the ``WHERE`` above and
-the row-count check (``StaleDataError``) are the ORM's own, and the flush's transaction is rolled back. What this
-module adds is an error that names the row and the tokens, :class:`StaleFenceToken` (also a ``StaleDataError``),
-raised right after the statement, before SQLAlchemy's own check. The rows a flush is about to write are noted per
-connection, table and primary key (the object's identity); one ``after_execute`` listener on the ``Engine`` class,
-added at import (so it never races a statement being dispatched: SQLAlchemy's listener lists must not change while
-an event runs), sees every statement of every engine, sync or async, and matches an UPDATE/DELETE to the noted rows
-by the primary-key bind parameters of its ``WHERE`` clause, not by the order in which statements come. Its cost
-outside a fenced flush: SQLAlchemy's event dispatch is on for every engine (a few microseconds a statement), and
-the listener itself is one dictionary lookup. Listening on each flushing ``Connection`` instead would spare other
-engines, but ``event.listen`` costs about 20 us, paid once per transaction by every fenced flush.
-
-What the match relies on (``tests/sqla/test_sqla_flush_hook.py`` checks it directly, on SQLite and PostgreSQL; the
-``sqlalchemy`` extra is bounded to the 2.0 and 2.1 releases the tests were run with):
-
-- the ORM writes a versioned row with ``Connection.execute(table.update()/delete() WHERE pk_column = :bind AND
-  fence_token = :bind, parameters)``, the row's primary key in ``parameters`` under those bind names. If a release
-  changed that, no statement would be recognised and nothing would be less safe: the write is still refused, by
-  SQLAlchemy's own ``StaleDataError``, which names the table but not the row or the tokens;
-- ``rowcount`` is the number of rows matched (SQLAlchemy's own check relies on it too). A statement with several
-  parameter sets (the ORM's executemany DELETE) is judged only on a dialect with ``supports_sane_multi_rowcount``.
-
-A statement that matched fewer rows than it had parameter sets is explained by reading its noted rows' tokens back
-on the same connection: the first row whose token changed is named. A row found gone is named only if the statement
-could not have deleted it itself (one parameter set, or an UPDATE); if no row is found stale, the statement is left
-to SQLAlchemy's own check. What a flush noted but did not write (an object with no column change, a flush that
-failed part-way) is forgotten when the flush ends or the session rolls back. A statement of the application's own on
-the same table (say, from a listener) is taken for the flush's only if it passes a noted row's key as a bind
-parameter, and is then judged by that row's token read back, never by its position.
-
-Strict mode (``fence_strict = True`` on the model, or ``session.info[STRICT] = True``) raises ``UnfencedWrite`` for
-a flush of a fenced object outside its lock, for ``session.execute(update/delete/insert)`` on a fenced model or
-table (use the ``fenced_*`` helpers), and, below the ORM, for the session's bulk methods and Core statements on its
-connection (a ``before_execute`` listener that knows each connection's session from ``after_begin``). Holding only
-other locks while flushing a fenced object is ``LockNotOwned``. Outside strict mode those statements are plain
-writes; docs/integrations/sqlalchemy.md has the table of which writes are fenced, claimed or plain.
+What can go wrong: a refused write raises :class:`StaleFenceToken` (also a ``StaleDataError``), naming the row and
+the tokens, and the flush is rolled back; should a SQLAlchemy release write its statements differently (see
+``_check_rowcount``), it is still refused, with SQLAlchemy's plain ``StaleDataError``. Holding only other locks is
+``LockNotOwned``. In strict mode (``fence_strict`` or ``session.info[STRICT]``) a fenced flush outside its lock,
+``session.execute()`` of a write, the bulk methods and Core statements on the session's connection raise
+``UnfencedWrite``; outside it they are plain writes.
 """
 
 from __future__ import annotations
@@ -412,6 +359,17 @@ def _pk_bind_names(statement: Update | Delete, columns: Sequence[ColumnElement[A
     return found
 
 
+# The ORM's own WHERE and row count refuse a stale flush; this listener only names the row and the tokens, raising
+# StaleFenceToken right after the statement, before SQLAlchemy's check. It matches an UPDATE/DELETE to the noted rows
+# by the primary-key bind parameters of its WHERE clause (never by the order statements come in), relying on two
+# things tests/integrations/sqla/test_sqla_flush_hook.py checks: the ORM passes each row's primary key under those
+# bind names, and ``rowcount`` is the rows matched. Were either to change, nothing would be recognised and the write
+# would still be refused, by SQLAlchemy's own StaleDataError. A statement of the application's own on the same table
+# is taken for the flush's only if it passes a noted row's key, and is then judged by that row's token read back.
+# One listener on the Engine class, added at import: listener lists must not change while an event runs, so adding
+# one per flushing Connection could race a statement being dispatched, and ``event.listen`` costs about 20 us per
+# transaction; this way every engine dispatches events (a few microseconds a statement) and the listener is one
+# dictionary lookup outside a fenced flush.
 @event.listens_for(Engine, "after_execute")
 def _check_rowcount(
     conn: Connection,

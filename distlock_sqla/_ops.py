@@ -2,31 +2,17 @@
 
 Each helper takes a ``Session`` or a ``Connection`` (or their asyncio twins, and is then awaited), finds the rows'
 lock names from their columns, and takes each row's token from the lock of that name held in the current context
-(or from ``fence=``, checked to be of that lock). Every name must be covered before anything is written: a row
-whose lock is not held raises ``UnfencedWrite`` (``LockNotOwned`` when other locks are held, or ``fence=`` is of
-another lock), with nothing written.
+(or from ``fence=``, checked to be of that lock). :func:`claim` (and :func:`claim_one`) selects the rows' keys,
+claims them (``UPDATE … SET fence_token = :t WHERE pk IN (…) AND fence_token <= :t``) and only then reads them;
+:func:`fenced_update` / :func:`fenced_delete` write with that check, :func:`fenced_insert` stores the token. Several
+rows are written in a SAVEPOINT (``begin_nested()``), all or nothing. Why claim before reading: docs/design.md; the
+transaction advice: docs/integrations/sqlalchemy.md.
 
-- :func:`claim` (and :func:`claim_one`): claim-on-read (docs/design.md). It selects the keys of the rows
-  the statement returns, claims them — ``UPDATE … SET fence_token = :t WHERE pk IN (…) AND fence_token <= :t`` —
-  and only then reads them (refreshing objects already in the session). A row that could not be claimed raises
-  ``StaleFenceToken`` and nothing is read, so no caller ever holds data a newer holder may be changing.
-- :func:`fenced_update` / :func:`fenced_delete`: ``… WHERE pk IN (…) AND fence_token <= :t``, setting the token.
-- :func:`fenced_insert`: stores the token of each row's lock.
-
-All or nothing: when more than one row is involved the statements run in a SAVEPOINT (``begin_nested()``), and
-a count short of the rows selected rolls it back before ``StaleFenceToken`` is raised: no row is skipped silently
-and none is half-written. A single row needs no savepoint. On SQLite with the pysqlite driver, SAVEPOINT needs
-SQLAlchemy's documented pysqlite transaction set-up (``isolation_level=None`` and an explicit ``BEGIN``); an
-``AUTOCOMMIT`` connection has no transaction to roll back, so use single-row operations there.
-
-Transactions: a claim made inside an open transaction keeps the database row locked (PostgreSQL's row lock, SQLite's
-write lock) until commit. That is what makes it safe to release the distributed lock before commit: the next holder's
-claim waits for the commit and then reads the committed data, never the old row. It also means a holder stalled
-mid-transaction stalls the next one at the database instead of at the lock service: still safe, but not live until
-the stalled connection ends. Bound it with PostgreSQL's ``idle_in_transaction_session_timeout`` (and
-``statement_timeout`` / ``lock_timeout``); on SQLite, the connection's ``timeout`` bounds how long the next holder
-waits. Committing right after the claim (``claim(...)`` then ``session.commit()``) avoids holding the row lock, and
-the fence alone then refuses the stale holder's write.
+What can go wrong: a row whose lock is not held raises ``UnfencedWrite`` (``LockNotOwned`` when other locks are held,
+or ``fence=`` is of another lock), a row that cannot be claimed or written ``StaleFenceToken``: nothing written, and
+a claim reads nothing. On pysqlite, SAVEPOINT needs SQLAlchemy's documented transaction set-up, and an
+``AUTOCOMMIT`` connection has nothing to roll back: use single-row operations there. A claim inside a transaction
+holds the row lock until commit, so a holder stalled there stalls the next one at the database (safe, not live).
 """
 
 from __future__ import annotations

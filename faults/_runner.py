@@ -1,17 +1,18 @@
 """The runner: ``python -m faults --short`` (CI) or ``--long`` (writes docs/VERIFICATION.md).
 
-Starts, when a case needs it, one `PostgresServer`; then, for each etcd binary (``--etcd-bin``, which may be given
-more than once: the report has a section per etcd version), one 3-member `EtcdCluster` (50 ms heartbeat, 500 ms
-election timeout) for the etcd cases; then one `RedisServer` without an append-only file for the Redis cases.
-Each `Case`: a fresh database (a SQLite file, or a new PostgreSQL database), the workers started and released
-together, the fault done ``repeat`` times with a quiet ``settle`` before the first and after each, the workers
-run out, and the checker judges the history and the final state. ``--short``: leader kill, a holder frozen past
-its TTL and a follower frozen, each with the raw and sqla workloads on SQLite, one control run with the fence
-off, and a Redis restart (raw, SQLite). ``--long``: every etcd fault (``--faults``) and every Redis fault
-(``--redis-faults``; either may be given empty) with {raw, sqla, django} x {SQLite, PostgreSQL}, the lock-set,
-and control runs with the fence off and write-only. Its defaults (4 s faults, 2 per run, 0.5 s settle) make the
-whole matrix on two etcd versions and Redis take about 40 minutes on a 2-core machine; it prints an estimate
-first (`estimate`, from per-run costs measured there), and longer runs are ``--duration``/``--repeat`` away.
+Starts, when a case needs it, one `PostgresServer` for the workloads' databases; then, service by service
+(`SERVICES`: etcd, Redis, ZooKeeper, the PostgreSQL lock table), the lock service of its cases (`Service`; for
+etcd one 3-member cluster per ``--etcd-bin``, which may be given more than once) and runs them on it: the report
+has a section per service (per etcd version). Each `Case`: a fresh database (a SQLite file, or a new PostgreSQL
+database), the workers started and released together, the fault done ``repeat`` times with a quiet ``settle``
+before the first and after each, the workers run out, and the checker judges the history and the final state.
+``--short``: leader kill, a holder frozen past its TTL and a follower frozen on etcd, each with the raw and sqla
+workloads on SQLite, one control run with the fence off, a Redis restart, and a holder frozen on ZooKeeper and on
+the lock table (raw, SQLite). ``--long``: every fault of every service (``--services``, ``--faults``) with {raw,
+sqla, django} x {SQLite, PostgreSQL}, the lock-set, and control runs with the fence off and write-only. Its
+defaults (4 s faults, 2 per run, 0.5 s settle) make the whole matrix on two etcd versions and the three other
+services take about 50 minutes on a 2-core machine; it prints an estimate first (`estimate`, from per-run costs
+measured there), and longer runs are ``--duration``/``--repeat`` away.
 
 What can go wrong: partition faults need root, ``nft`` and ``setpriv`` (checked before anything starts); a worker
 still running long after its deadline is killed, and its operations then in flight are missing from the history
@@ -34,36 +35,43 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from distlock.testing import EtcdCluster, PostgresServer, RedisServer, find_etcd, find_postgres_bin, find_redis_server
+from distlock.testing import PostgresServer, find_postgres_bin
 from faults._checker import Audit, Result, check
-from faults._nemesis import CLIENT_GID, FAULTS, REDIS_FAULTS, Nemesis, member_gid_wrapper
+from faults._etcd import EtcdService
+from faults._nemesis import CLIENT_GID, HOLDER_PAUSE, Nemesis
+from faults._servers import LockTableService, RedisService, ZooKeeperService
+from faults._service import Service, first_line
 from faults._workload import COUNTER, LOCK, ROW, WRITES, Config, create_schema, engine_for, read_history
 
-__all__ = ["Case", "Options", "Outcome", "estimate", "long_cases", "main", "run_matrix", "short_cases"]
+__all__ = ["SERVICES", "Case", "Options", "Outcome", "estimate", "long_cases", "main", "run_matrix", "short_cases"]
 
 REPO = Path(__file__).resolve().parent.parent
 VERIFICATION = REPO / "docs" / "VERIFICATION.md"
 APIS = ("raw", "sqla", "django")
 DATABASES = ("sqlite", "postgresql")
+#: The lock services under test, by the name a `Case` gives, in the report's order.
+SERVICES: dict[str, type[Service]] = {
+    s.name: s for s in (EtcdService, RedisService, ZooKeeperService, LockTableService)
+}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One run: a fault (None: none) against one workload on one database, with etcd or Redis as the lock service."""
+    """One run: a fault (None: none) against one workload on one database, on one lock service (`SERVICES`)."""
 
     fault: str | None
     api: str = "raw"
     db: str = "sqlite"
     kind: str = "counter"
     fence: str = "on"
-    service: str = "etcd"  # etcd | redis
+    service: str = "etcd"  # a key of SERVICES
 
     @property
     def control(self) -> bool:
@@ -92,7 +100,8 @@ class Outcome:
     case: Case
     result: Result
     notes: tuple[str, ...]
-    server: str  # what ran the lock: "etcd 3.5.1", "Redis 7.0.15"
+    server: str  # what ran the lock (`Service.label`): "etcd 3.5.1", "Redis 7.0.15"
+    setup: str = ""  # how (`Service.setup`): the binary, the cluster's shape
 
     @property
     def passed(self) -> bool:
@@ -100,34 +109,31 @@ class Outcome:
         return self.result.ok != self.case.control
 
 
-def _duration(fault: str | None, options: Options) -> float:
-    # A frozen or cut-off holder must stay so past its TTL, or its lease never lapses.
-    if fault in ("holder-pause", "client-partition"):
-        return max(options.duration, options.ttl + 2.0)
-    # The restart's stale holder is continued within its TTL: as soon as a newer holder shows, or after the TTL.
-    if fault == "redis-restart":
-        return min(options.duration, options.ttl)
-    return options.duration
+def _duration(case: Case, options: Options) -> float:
+    assert case.fault is not None
+    return SERVICES[case.service].duration(case.fault, options.duration, options.ttl)
 
 
 def short_cases() -> list[Case]:
-    fenced = [Case(f, api) for f in ("leader-kill", "holder-pause", "follower-pause") for api in ("raw", "sqla")]
-    return [*fenced, Case("holder-pause", fence="off"), Case("redis-restart", service="redis")]
+    fenced = [Case(f, api) for f in ("leader-kill", HOLDER_PAUSE, "follower-pause") for api in ("raw", "sqla")]
+    others = [Case("redis-restart", service="redis")]
+    others += [Case(HOLDER_PAUSE, service=name) for name in ("zookeeper", "locktable")]
+    return [*fenced, Case(HOLDER_PAUSE, fence="off"), *others]
 
 
 def long_cases(
-    faults: Sequence[str], apis: Sequence[str], dbs: Sequence[str], redis_faults: Sequence[str] = tuple(REDIS_FAULTS)
+    apis: Sequence[str], dbs: Sequence[str], faults: Mapping[str, Sequence[str]] | None = None
 ) -> list[Case]:
-    """The fenced runs of each fault and workload, the lock-set, and the control runs; for etcd, then for Redis."""
+    """Per service (``faults``: its name -> the faults to run; default every fault of every service), the fenced
+    runs of each fault and workload, the lock-set, and the control runs with the service's control fault."""
     cases = []
-    for service, chosen in (("etcd", faults), ("redis", redis_faults)):
+    for name, service in SERVICES.items():
+        chosen = service.faults if faults is None else faults.get(name, ())
         if not chosen:
             continue
-        cases += [Case(f, api, db, service=service) for f in chosen for api in apis for db in dbs]
-        cases += [Case(f, "raw", db, kind="set", service=service) for f in chosen for db in dbs]
-        # The control's fault: one that makes a stale holder write, on etcd by its lease lapsing, on Redis by a restart.
-        control = "holder-pause" if service == "etcd" else "redis-restart"
-        cases += [Case(control, "raw", db, fence=f, service=service) for f in ("off", "write-only") for db in dbs]
+        cases += [Case(f, api, db, service=name) for f in chosen for api in apis for db in dbs]
+        cases += [Case(f, "raw", db, kind="set", service=name) for f in chosen for db in dbs]
+        cases += [Case(service.control, "raw", db, fence=f, service=name) for f in ("off", "write-only") for db in dbs]
     return cases
 
 
@@ -140,19 +146,33 @@ _FAULT_COST = {
     "cluster-restart": 3.0,
     "holder-pause": 0.8,
     "redis-restart": 0.8,
+    "zookeeper-restart": 0.5,
+    "locktable-restart": 0.3,
 }
-_SERVER_COST = 5.0  # starting a cluster, PostgreSQL or Redis
+_SERVER_COST = 5.0  # starting a cluster, a server, PostgreSQL
+
+
+def _copies(service: str, options: Options) -> int:
+    """How many times ``service``'s cases run: once per etcd binary for etcd (a section each), else once."""
+    return max(1, len(options.etcd_bins)) if service == EtcdService.name else 1
+
+
+def _instances(service: str, faults: Sequence[str], options: Options) -> list[Service]:
+    """The services ``service``'s cases run on, one after the other (not started)."""
+    if service == EtcdService.name:
+        return [EtcdService(faults, etcd_bin) for etcd_bin in options.etcd_bins or (None,)]
+    return [SERVICES[service](faults)]
 
 
 def estimate(cases: Sequence[Case], options: Options) -> float:
     """Seconds ``run_matrix(cases, options)`` should take (a guess from measured costs, not a promise)."""
-    versions = max(1, len(options.etcd_bins))
-    total = _SERVER_COST * (versions + 2)
+    servers = sum(_copies(name, options) for name in {case.service for case in cases})
+    total = _SERVER_COST * (servers + any(case.db == "postgresql" for case in cases))
     for case in cases:
         run = options.settle + _RUN_COST[case.api]
         if case.fault:
-            run += options.repeat * (_duration(case.fault, options) + options.settle + _FAULT_COST.get(case.fault, 0))
-        total += run * (versions if case.service == "etcd" else 1)
+            run += options.repeat * (_duration(case, options) + options.settle + _FAULT_COST.get(case.fault, 0))
+        total += run * _copies(case.service, options)
     return total
 
 
@@ -232,13 +252,7 @@ def _final_state(url: str) -> tuple[int, str, list[Audit]]:
 
 
 def run_case(
-    case: Case,
-    number: int,
-    service: EtcdCluster | RedisServer,
-    pg: PostgresServer | None,
-    options: Options,
-    tmp: Path,
-    server: str = "",
+    case: Case, number: int, service: Service, pg: PostgresServer | None, options: Options, tmp: Path
 ) -> Outcome:
     name = f"case{number}"
     if case.db == "sqlite":
@@ -247,7 +261,7 @@ def run_case(
         assert pg is not None
         db_url = pg.create_database(name).replace("postgresql://", "postgresql+psycopg://", 1)
     create_schema(db_url)
-    faults_time = options.repeat * (_duration(case.fault, options) + options.settle) if case.fault else 0.0
+    faults_time = options.repeat * (_duration(case, options) + options.settle) if case.fault else 0.0
     configs = [
         Config(
             worker=i,
@@ -272,7 +286,7 @@ def run_case(
         time.sleep(options.settle)
         for _ in range(options.repeat if case.fault else 0):
             assert case.fault is not None
-            nemesis.run(case.fault, _duration(case.fault, options))
+            nemesis.run(case.fault, _duration(case, options))
             time.sleep(options.settle)
         notes = workers.wait(max(0.0, until - time.clock_gettime(time.CLOCK_MONOTONIC)) + 30)
     finally:
@@ -282,71 +296,37 @@ def run_case(
     value, items, audit = _final_state(db_url)
     result = check(history, audit, value, items, nemesis.windows, case.kind)
     notes += [f"{w.fault}: {w.note}" for w in nemesis.windows if w.note]
-    return Outcome(case, result, tuple(notes), server)
-
-
-@contextlib.contextmanager
-def _cluster(cases: Sequence[Case], etcd_bin: str) -> Iterator[EtcdCluster]:
-    partitions = any((case.fault or "").endswith("partition") for case in cases)
-    # The wrapper must outlive the cluster: restarted members exec it again.
-    with (
-        member_gid_wrapper(etcd_bin) if partitions else _env("DISTLOCK_ETCD_BIN", etcd_bin),
-        EtcdCluster(3, heartbeat_interval_ms=50, election_timeout_ms=500) as cluster,
-    ):
-        yield cluster
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+    return Outcome(case, result, tuple(notes), service.label, service.setup)
 
 
 def run_matrix(cases: Sequence[Case], options: Options, log: bool = True) -> list[Outcome]:
-    """Run the etcd ``cases`` on a cluster per etcd binary, then the Redis ones on one Redis server (and
-    one PostgreSQL for all, when needed); print each outcome as it comes."""
-    Nemesis.check([case.fault for case in cases if case.fault])
-    etcd_cases = [case for case in cases if case.service == "etcd"]
-    redis_cases = [case for case in cases if case.service == "redis"]
+    """Run ``cases`` service by service (in `SERVICES`' order), each on its own lock service (for etcd, a cluster
+    per etcd binary), with one PostgreSQL for the workloads' databases when needed; print each outcome as it comes."""
+    by_service = {name: [case for case in cases if case.service == name] for name in SERVICES}
+    faults = {name: sorted({case.fault for case in chosen if case.fault}) for name, chosen in by_service.items()}
+    for name, service in SERVICES.items():
+        service.check(faults[name])
     numbers = itertools.count()
     outcomes: list[Outcome] = []
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="distlock-faults-")))
         pg = stack.enter_context(PostgresServer()) if any(c.db == "postgresql" for c in cases) else None
-
-        def run(service: EtcdCluster | RedisServer, server: str, chosen: Sequence[Case]) -> None:
-            for case in chosen:
-                began = time.monotonic()
-                outcome = run_case(case, next(numbers), service, pg, options, tmp, server)
-                outcomes.append(outcome)
-                if log:
-                    verdict = "PASS" if outcome.passed else "FAIL"
-                    print(f"== {server}: {case.label}: {verdict} ({time.monotonic() - began:.0f} s)", flush=True)
-                    print(outcome.result, *outcome.notes, sep="\n", flush=True)
-
-        for etcd_bin in (options.etcd_bins or (find_etcd(),)) if etcd_cases else ():
-            with _cluster(etcd_cases, etcd_bin) as cluster:
-                run(cluster, _etcd_version(etcd_bin), etcd_cases)
-        if redis_cases:
-            with RedisServer(appendonly=False) as redis:
-                run(redis, _redis_version(), redis_cases)
+        for name, chosen in by_service.items():
+            for instance in _instances(name, faults[name], options) if chosen else ():
+                with instance as running:
+                    for case in chosen:
+                        began = time.monotonic()
+                        outcome = run_case(case, next(numbers), running, pg, options, tmp)
+                        outcomes.append(outcome)
+                        if log:
+                            verdict = "PASS" if outcome.passed else "FAIL"
+                            took = f"{time.monotonic() - began:.0f} s"
+                            print(f"== {running.label}: {case.label}: {verdict} ({took})", flush=True)
+                            print(outcome.result, *outcome.notes, sep="\n", flush=True)
     return outcomes
 
 
 # -- docs/VERIFICATION.md --------------------------------------------------------------------------------------
-
-REDIS_CAVEAT = (
-    "Redis runs here without persistence, as docs/GUARANTEES.md warns against for locks that must survive a crash: "
-    "a restart forgets every lock, lease and token counter, so two workers can hold the lock at once and only the "
-    "fence keeps the row right, with tokens still increasing because the backend floors them with the server's clock."
-)
 
 
 def _version(dist: str) -> str:
@@ -356,35 +336,19 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _first_line(command: Sequence[str]) -> str:
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    return (result.stdout or result.stderr or "unknown").splitlines()[0]
+_LIBRARIES = ("distlock-fenced", "grpcio", "redis", "kazoo", "sqlalchemy", "django")
 
 
-def _etcd_version(etcd_bin: str) -> str:
-    """``etcd 3.5.1``, from ``etcd --version`` (its first line: ``etcd Version: 3.5.1``)."""
-    return "etcd " + _first_line([etcd_bin, "--version"]).rsplit(" ", 1)[-1]
-
-
-def _redis_version() -> str:
-    """``Redis 7.0.15``, from ``redis-server --version`` (``Redis server v=7.0.15 sha=...``)."""
-    words = _first_line([find_redis_server(), "--version"]).split()
-    return "Redis " + next((w.removeprefix("v=") for w in words if w.startswith("v=")), "unknown")
-
-
-def _machine(outcomes: Sequence[Outcome], options: Options, elapsed: float) -> list[str]:
+def _machine(outcomes: Sequence[Outcome], elapsed: float) -> list[str]:
     memory = next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
-    libraries = ", ".join(f"{d} {_version(d)}" for d in ("distlock-fenced", "grpcio", "redis", "sqlalchemy", "django"))
-    etcd = ", ".join(f"{_etcd_version(b)} (`{b}`)" for b in options.etcd_bins or (find_etcd(),))
+    libraries = ", ".join(f"{d} {_version(d)}" for d in _LIBRARIES)
     lines = [
         f"- Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
         f"{int(memory) // 1024} MiB memory, Linux {platform.release()}",
-        f"- etcd: {etcd}; each a 3-member cluster (50 ms heartbeat, 500 ms election timeout)",
     ]
-    if any(o.case.service == "redis" for o in outcomes):
-        lines.append(f"- {_redis_version()} (`{find_redis_server()}`), one server without an append-only file")
     if any(o.case.db == "postgresql" for o in outcomes):
-        lines.append(f"- {_first_line([str(find_postgres_bin() / 'postgres'), '--version'])}")
+        postgres = first_line([str(find_postgres_bin() / "postgres"), "--version"])
+        lines.append(f"- The workloads' PostgreSQL database: {postgres}")
     return [
         *lines,
         f"- SQLite {sqlite3.sqlite_version}; Python {platform.python_version()}; {libraries}, psycopg "
@@ -425,27 +389,38 @@ def _table(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def verification(outcomes: Sequence[Outcome], options: Options, elapsed: float) -> str:
-    """docs/VERIFICATION.md: how the runs were made, then a section per lock server (each etcd version, Redis)."""
+    """docs/VERIFICATION.md: how the runs were made, then a section per lock service (per etcd version)."""
     sections: list[str] = []
     for server in dict.fromkeys(o.server for o in outcomes):
         chosen = [o for o in outcomes if o.server == server]
-        caveat = [REDIS_CAVEAT, ""] if chosen[0].case.service == "redis" else []
-        sections += [f"## {server}", "", *caveat, _summary(chosen), "", *_table(chosen), ""]
+        service = SERVICES[chosen[0].case.service]
+        setup = [f"{chosen[0].setup}.", ""] if chosen[0].setup else []
+        caveat = [service.caveat, ""] if service.caveat else []
+        sections += [f"## {server}", "", *setup, *caveat, _summary(chosen), "", *_table(chosen), ""]
+    faults = {
+        name: dict.fromkeys(o.case.fault for o in outcomes if o.case.service == name and o.case.fault)
+        for name in SERVICES
+    }
+    covered = "; ".join(f"{name}: {', '.join(chosen)}" for name, chosen in faults.items() if chosen)
     return "\n".join(
         [
             "# Verification: the fault matrix",
             "",
-            "Written by `python -m faults --long` (the `faults/` package: nemesis, workload, checker, runner).",
+            "Written by `python -m faults --long` (the `faults/` package: lock services, nemesis, workload, checker, "
+            "runner).",
             f"Each row is one run: {options.workers} worker processes doing lock (ttl {options.ttl:g} s) -> claim -> "
             "read -> write -> release on one counter row (or appending its token to one list row: lock-set) while the "
-            f"fault happens {options.repeat} time(s) for {options.duration:g} s each (a frozen or cut-off holder: at "
-            f"least ttl + 2 s), with {options.settle:g} s of quiet before the first and after each. Longer runs are "
-            "`--duration` and `--repeat` away (`python -m faults --long --duration 20 --repeat 3`).",
+            f"fault happens {options.repeat} time(s) for {options.duration:g} s each (a frozen or cut-off holder, a "
+            "frozen ZooKeeper or lock-table PostgreSQL: at least ttl + 2 s; a Redis restart's stale holder: within the "
+            f"ttl), with {options.settle:g} s of quiet before the first and after each. Longer runs are `--duration` "
+            "and `--repeat` away (`python -m faults --long --duration 20 --repeat 3`).",
+            "Lock services and their faults (described in `faults/_etcd.py`, `faults/_servers.py` and "
+            f"`faults/_nemesis.py`): {covered}.",
             "*lost* counts committed writes missing from the final state plus acknowledged writes never committed; "
             "*longest unavailability* is the longest time between two grants of the lock around a fault. Control "
             "runs (fence off, write-only) must show violations: they show the checker can fail.",
             "",
-            *_machine(outcomes, options, elapsed),
+            *_machine(outcomes, elapsed),
             "",
             *sections,
         ]
@@ -457,9 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     form = parser.add_mutually_exclusive_group(required=True)
     form.add_argument("--short", action="store_true", help="a few faults on SQLite, well under 3 minutes (CI)")
     form.add_argument("--long", action="store_true", help="every fault x workload x database; writes the report")
-    parser.add_argument("--faults", nargs="*", choices=sorted(FAULTS), default=sorted(FAULTS), help="(--long)")
+    every_fault = sorted({fault for service in SERVICES.values() for fault in service.faults})
+    parser.add_argument("--services", nargs="+", choices=list(SERVICES), default=list(SERVICES), help="(--long)")
     parser.add_argument(
-        "--redis-faults", nargs="*", choices=sorted(REDIS_FAULTS), default=sorted(REDIS_FAULTS), help="(--long)"
+        "--faults", nargs="+", choices=every_fault, help="(--long) default: all; each on the services that have it"
     )
     parser.add_argument("--apis", nargs="+", choices=APIS, default=APIS, help="(--long)")
     parser.add_argument("--dbs", nargs="+", choices=DATABASES, default=DATABASES, help="(--long)")
@@ -483,8 +459,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         settle=args.settle if args.settle is not None else (0.5 if args.long else 2.0),
         etcd_bins=tuple(args.etcd_bins or ()),
     )
-    cases = long_cases(args.faults, args.apis, args.dbs, args.redis_faults) if args.long else short_cases()
-    runs = sum(max(1, len(options.etcd_bins)) if case.service == "etcd" else 1 for case in cases)
+    chosen = {
+        name: [fault for fault in SERVICES[name].faults if args.faults is None or fault in args.faults]
+        for name in args.services
+    }
+    if args.long and not any(chosen.values()):
+        parser.error(f"none of the faults {args.faults} is a fault of {', '.join(args.services)}")
+    cases = long_cases(args.apis, args.dbs, chosen) if args.long else short_cases()
+    runs = sum(_copies(case.service, options) for case in cases)
     print(f"{runs} runs, estimated {estimate(cases, options) / 60:.0f} min on this machine", flush=True)
     began = time.monotonic()
     outcomes = run_matrix(cases, options)

@@ -10,7 +10,7 @@
 # postinst scripts would start services: a temporary policy-rc.d forbids that (the fixtures never use those servers, each test run
 # starts its own), and a system etcd started anyway (a policy-rc.d of our own was not allowed, or systemd ignored it)
 # is stopped and disabled.
-# As root it also installs nft (Debian's nftables) for the fault matrix's network partitions (faults/_nemesis.py).
+# As root it also installs nft (Debian's nftables) for the fault matrix's network partitions (faults/_etcd.py).
 # $DISTLOCK_REDIS_BIN (a redis-server binary) and $DISTLOCK_PG_BIN (a directory with postgres and initdb) count as
 # present, as does a PostgreSQL in /usr/lib/postgresql/*/bin or pg_ctl on $PATH; so do $DISTLOCK_CHROMIUM_BIN and
 # $DISTLOCK_CHROMEDRIVER_BIN (default /usr/bin/chromium and /usr/bin/chromedriver), and $DISTLOCK_ETCD34_BIN (an

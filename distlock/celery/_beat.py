@@ -1,42 +1,20 @@
 """Celery beat on a leader: run ``celery beat`` on every host; only the elected one sends, and each run once.
 
     app.conf.beat_scheduler = "distlock.celery:LeaderScheduler"  # or: celery beat -S distlock.celery:LeaderScheduler
-    app.conf.distlock_url = "etcd://10.0.0.1:2379"                # the lock service (as for SingletonTask)
     app.conf.distlock_beat_ttl = 10                               # optional: seconds a silent leader keeps leading
     app.conf.distlock_beat_election = "celery-beat:proj"          # optional: default "celery-beat:<app.main>"
 
-Each beat process is a candidate in one distlock election (``client.election``). A beat that does not lead waits on
-a thread of its own for its turn and ticks every second, sending nothing. The leader sends as beat always does, with
-two steps of its own:
+Each beat is a candidate in one ``client.election``; a standby ticks every second and sends nothing. On taking
+office the leader reads the election's record, the *ledger* (each entry's last run and run number), and continues
+from it; before each send it writes the run there with ``election.record()``, which the lock service accepts only
+while it still leads, and sends it with the header ``distlock_beat_tick`` = ``"<entry>#<run number>"``. Why no run
+is sent twice, across failovers and frozen leaders: docs/integrations/celery.md, "Beat on a leader".
 
-- **On taking office** (every new term) it reads the election's record, the *ledger*: for every schedule entry, when
-  it last ran and how many runs it has had. It continues the schedule from there rather than from its own start.
-- **Before each send** it writes the entry's new run into the ledger with ``election.record()``: the lock service
-  writes it only if this beat still leads, in the same atomic step. Only then does it send, with the header
-  ``distlock_beat_tick`` = ``"<entry name>#<run number>"`` (and ``distlock_beat_term``, the leader's term).
-
-Why no run is sent twice: a run is sent only after the ledger holds it, by the one leader whose write the service
-accepted, and each later leader reads the ledger before it sends anything; so the run numbers of an entry are
-handed out once each, in order, across any number of failovers. A leader that is frozen (SIGSTOP, a long GC pause,
-a partition) past its TTL is deposed; when it runs again it knows it from its lease's deadline, or the service
-refuses its ledger write: either way it sends nothing more and becomes a candidate again. A task that must be
-idempotent on top can key on ``self.request.distlock_beat_tick``.
-
-What it costs, and what can go wrong:
-
-- A failover takes up to the TTL (the old leader's lease must run out; a beat stopped cleanly resigns at once) plus
-  one standby tick (1 s). Runs that fell due meanwhile are sent once, late, per entry, as beat does after a
-  restart: the missed runs are not sent one by one.
-- At most once, not exactly once: a leader killed between its ledger write and the broker's acknowledgement loses
-  that run, and so does a send the broker refuses, or a ledger write whose answer was lost (a ``BackendUnavailable``
-  from it: the run is not sent, as it may be recorded). Each is logged. A lost run is never sent later.
-- The ledger is one record of the election (at most 512 KiB: a few thousand entries). Entries removed from the
-  schedule stay in it; an entry renamed starts again at run 1.
-- The lock service unreachable: a leader cannot record and so sends nothing (logged each time) until it is back; a
-  standby keeps trying. A malformed ledger (written by hand) is logged and replaced, starting every entry afresh.
-- Bad settings raise when beat starts: ``ConfigurationError`` for a TTL that is not a positive number or an
-  election name that is not a str when it creates the scheduler, ``InvalidLockName`` for a name that cannot name a
-  lock at its first tick.
+What can go wrong: at most once, not exactly once (a leader killed between its ledger write and the broker's
+acknowledgement, a send the broker refuses, or a ledger write whose answer was lost loses that run; logged). A
+failover takes up to the TTL plus one tick. An unreachable lock service stops the sending (logged) until it is back;
+a malformed ledger is logged and replaced. A bad TTL or a non-str election name raises ``ConfigurationError`` when
+the scheduler is created; a name that cannot name a lock, ``InvalidLockName`` at the first tick.
 """
 
 from __future__ import annotations

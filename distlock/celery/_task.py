@@ -1,33 +1,17 @@
 """``SingletonTask``: the Celery ``Task`` base that runs one call per lock name at a time, on distlock leases.
 
-The life cycle of one call (see the package docstring for the options):
+``apply_async`` (also ``delay``, signatures, chains and ``self.retry()``) puts the lock name and the call's option
+overrides into the message headers; with ``lock_on="enqueue"`` it first takes the lock as a reservation owned by
+the new task id, or answers a duplicate at once and sends nothing. In the worker, ``__call__`` takes the lock before
+the body runs (taking over the reservation, ``_handover``, else directly), the client's keeper renews it while the
+body runs (``self.lock``), and the end of the run releases it, checked against its token; ``self.retry()`` keeps it
+for the retry message instead. The life cycle and the options: docs/integrations/celery.md.
 
-1. ``apply_async`` (also ``delay``, signatures, chains, and ``self.retry()``) computes the lock name from the bound
-   arguments and writes it, with the call's option overrides, into the message headers. With
-   ``lock_on="enqueue"`` it first takes the lock as a reservation owned by the new task id, or answers the
-   duplicate at once (the existing ``AsyncResult``, or ``DuplicateTask``) and sends nothing.
-2. In the worker, ``__call__`` acquires the lock before the body runs: by taking over the reservation named in the
-   headers (``_handover``), else directly. The lock is owned by the task id, so a redelivered copy of a task whose
-   earlier delivery still holds the lock (``acks_late`` after a crash or a visibility timeout) is recognised: it
-   waits up to ``ttl`` plus a grace period for a dead holder's lease to lapse, and is dropped (``Ignore``) if the
-   holder is alive — never run beside it. A call whose lock another task holds is a duplicate: skipped (returns
-   None), retried after ``duplicate_retry_delay`` (``self.retry``), or failed with ``DuplicateTask``.
-3. The lease is kept alive by the client's keeper thread while the body runs, however long it runs (bounded only by
-   ``lock_max_hold``). The body reaches its lock as ``self.lock`` (``token``/``fence`` for fenced writes,
-   ``ensure_held()``), and ``distlock.current_lock()``/``current_fence()`` see it too.
-4. When the body ends — success, failure, ``Ignore``, ``Reject`` — the lock is released, checked against its token
-   so a late release can never delete a newer holder's key (a lock lost meanwhile is logged as an error: the run
-   was not exclusive for a while, and only fenced writes were protected). When it ends with ``self.retry()``, the
-   lock is not released: it becomes the reservation of the retry message, which takes it over, so no other call of
-   the same lock name can run between the attempts.
-
-A SIGKILLed or OOM-killed worker releases nothing, but its lease lapses within ``ttl``: the lock is free again then,
-not after an hour-long expiry guessed to outlast the task.
-
-``send_task()`` never goes through this class in the sending process, so for it there is no enqueue-time check and
-no reservation: the worker still takes the lock at run time (from the message's arguments), so runs never overlap,
-but duplicates are only detected when they run (an enqueue-mode duplicate is then skipped, or fails with
-``on_duplicate="raise"``).
+What can go wrong: a call whose lock another task holds is a duplicate (skipped, retried, or ``DuplicateTask``); a
+redelivered copy of a task that still holds the lock waits up to ``ttl`` plus a grace period for a dead holder's
+lease to lapse and is dropped (``Ignore``) if the holder lives: never run beside it. A lock lost mid-run cannot stop
+the body: only fenced writes stay safe, and the release logs an error. ``send_task()`` bypasses this class in the
+sender: no enqueue-time check or reservation, duplicates are only found when they run.
 """
 
 from __future__ import annotations

@@ -1,27 +1,20 @@
 """The one server lifecycle every throwaway server of `distlock.testing` runs on, and the helpers they share.
 
 `_Server` owns a private temporary directory (data, log, sockets, certificates), the server's process tree and
-a finalizer, and does what every server does the same way: start (choosing free loopback ports, and choosing
-again when one was taken before the server bound it), wait until ready, stop, kill, pause, resume, restart,
-close, ``with``, the log and its tail. A server module (``_etcd``, ``_redis``, ``_postgres``, ``_mariadb``,
-``_zookeeper``) says only what differs: its command line, when it is ready, how it shuts down, which ports it
-needs and what to do once.
+a finalizer, and does what every server does the same way: start (on free loopback ports, below the kernel's
+ephemeral range or in ``$DISTLOCK_TEST_PORT_RANGE``), wait until ready, stop, kill, pause, resume, restart, close,
+``with``, the log and its tail. A server module says only what differs: its command line, when it is ready, how it
+shuts down, which ports it needs and what to do once.
 
 What can go wrong:
 
-- The process exits or is not ready within ``start_timeout``: the server's start error (`ServerStartError`,
-  `EtcdStartError` for etcd), with the tail of its log; the process tree is killed. A log that says a port is
-  already in use makes a first start choose new ports, up to five times; a restart keeps its ports, so it fails.
-- ``kill()`` SIGKILLs the whole process tree, frozen top-down with SIGSTOP first so that no child escapes by
-  forking; ``pause()`` freezes the tree the same way and waits until the kernel reports every thread stopped.
-  Without ``/proc`` (not Linux) the descendants cannot be found: only the server's process group is killed, and
-  only the server process itself paused.
-- ``close()``, garbage collection of an unclosed server and interpreter exit (the finalizer) kill the tree and
-  remove the directory. A Python process killed by a signal it does not handle (SIGKILL, SIGTERM) leaves its
-  servers running with their directories under ``$TMPDIR/distlock-*``. Each server runs in a session of its own,
-  so Ctrl-C reaches only Python, which then closes them.
-- Free ports are chosen below the kernel's ephemeral range where there is room: no outgoing connection can take
-  a stopped server's port there before its restart. Another program still could.
+- The process exits or is not ready within ``start_timeout``: `ServerStartError` (`EtcdStartError` for etcd) with
+  the tail of its log, the tree killed. A port taken meanwhile makes a first start choose again (up to five times);
+  a restart keeps its ports, so it fails.
+- ``kill()`` and ``pause()`` freeze the whole tree top-down (SIGSTOP) so that no child escapes by forking; without
+  ``/proc`` (not Linux) only the process group is killed and the server process alone paused.
+- ``close()``, garbage collection and interpreter exit kill the tree and remove the directory; a Python process
+  killed by a signal it does not handle leaves its servers running, under ``$TMPDIR/distlock-*``.
 """
 
 from __future__ import annotations

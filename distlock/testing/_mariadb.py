@@ -1,25 +1,18 @@
 """Throwaway real MariaDB for tests: `MariaDBServer`, one mariadbd on 127.0.0.1.
 
 Import it from `distlock.testing`. Its data directory (``mariadb-install-db`` once, on the first start), log and unix
-socket are in a private temporary directory; it runs on a free loopback port on the shared lifecycle of ``_base``
-(stop, kill, pause, resume, restart, close). After the first start it creates the database ``distlock`` and the user
-``distlock`` (password ``distlock``, from 127.0.0.1, every privilege on that database): ``url`` is a distlock URL of
-the SQL lock table on it, ``sqlalchemy_url`` the same for SQLAlchemy. InnoDB writes its log to the operating system
-at every commit (``innodb_flush_log_at_trx_commit=2``): a killed server keeps every commit it acknowledged; only a
-crash of the machine could lose the last second. Binaries: the directory ``$DISTLOCK_MARIADB_BIN`` (``mariadbd``,
-``mariadb-install-db``, ``mariadb``), else ``mariadbd`` in ``/usr/sbin`` or on ``$PATH`` (Debian's
-``mariadb-server``).
-
-As root, mariadbd runs as the ``mysql`` user that Debian's package creates (our direct child, so ``kill()`` crashes
-it for real); without such a user, as root with ``--user=root``.
+socket are in a private temporary directory; it runs on a free loopback port on the shared lifecycle of ``_base``.
+After the first start it creates the database and user ``distlock`` (password ``distlock``): ``url`` is a distlock
+URL of the SQL lock table on it, ``sqlalchemy_url`` the same for SQLAlchemy. A killed server keeps every commit it
+acknowledged (``innodb_flush_log_at_trx_commit=2``). Binaries: ``$DISTLOCK_MARIADB_BIN``, else ``mariadbd`` in
+``/usr/sbin`` or on ``$PATH``. As root it runs as Debian's ``mysql`` user (as our direct child, so ``kill()``
+crashes it for real), else with ``--user=root``.
 
 What can go wrong:
 
 - No binary: `ConfigurationError`, naming the Debian package ``mariadb-server``.
-- ``mariadb-install-db`` fails, or mariadbd exits or does not say "ready for connections" within ``start_timeout``:
-  `ServerStartError` with the tail of its log (a port taken meanwhile is retried on a first start). Creating the
-  user and database failing is a `HarnessError`.
-- A server left running by a Python process killed with SIGKILL has its data under ``$TMPDIR/distlock-mariadb-*``.
+- ``mariadb-install-db`` fails, or mariadbd exits or is not ready within ``start_timeout``: `ServerStartError` with
+  the tail of its log. Creating the user and database failing is a `HarnessError`.
 """
 
 from __future__ import annotations

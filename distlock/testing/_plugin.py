@@ -1,35 +1,18 @@
 """The pytest plugin for your own tests: lock servers of every backend, a client per test that leaves nothing behind.
 
 ``pip install 'distlock-fenced[testing]'`` installs it; pytest loads it by itself (the ``pytest11`` entry point named
-``distlock``; ``-p no:distlock`` turns it off). In the style of pytest-redis and pytest-postgresql:
-
-- ``distlock_servers`` (session): the session's throwaway servers, each started on first use and removed at the end
-  of the session: ``.url(backend)`` is a distlock URL of a lock service of that backend (one of `THROWAWAY`:
-  ``etcd``, ``redis``, ``zookeeper``, ``postgres-table``, ``mariadb-table``, ``sqlite-table``), ``.server(kind)``
-  the server itself (``etcd``, ``redis``, ``zookeeper``, ``postgres``, ``mariadb``);
-- ``distlock_<kind>_proc`` (session): that server, ``distlock_servers.server(kind)``;
-- ``distlock_<backend>_noproc`` (session; etcd, redis, zookeeper, sqltable): the URL of a service that runs already,
-  from ``--distlock-url`` (or ``$DISTLOCK_TEST_URL``, or the ``distlock_url`` ini key), checked to answer;
-- ``distlock_url`` (session): a throwaway service of the backend a test names by indirect parametrization
-  (``parametrize("distlock_url", ["etcd", "zookeeper"], indirect=True)`` runs a test on each); else the URL given;
-  else a throwaway one of ``--distlock-backend`` (etcd by default);
-- ``distlock_prefix``: a key prefix for this test alone (``<--distlock-prefix>/<random hex>``; on the SQL lock table
-  a table prefix, ``distlock_test_<random hex>``); after the test every key under it is deleted (`remove_keys`), so
-  the service holds none of the test's locks (on the SQL lock table the prefix's tables stay);
-- ``distlock_client``: ``distlock.connect(distlock_url, prefix=distlock_prefix)``, closed after the test (which
-  releases every lock it holds) before the prefix's keys are deleted.
-
-Django's fixture (``distlock_django``) is distlock_django's own plugin (``distlock_django._pytest_plugin``), built on
-these. Every option is also an ini key of the same name with underscores (``distlock_etcd_bin = /usr/bin/etcd``);
-the command line wins, then ``$DISTLOCK_TEST_URL`` (for the URL), then the ini file. ``pytest --help`` lists them
-under "distlock". Every fixture name starts with ``distlock_``, so none hides a fixture of your own.
+``distlock``; ``-p no:distlock`` turns it off). In the style of pytest-redis and pytest-postgresql: a session's
+throwaway servers (``distlock_servers``, ``distlock_<kind>_proc``), a running service's URL
+(``distlock_<backend>_noproc``), the URL a test runs on (``distlock_url``, parametrizable by backend), a key prefix
+per test (``distlock_prefix``, every key under it deleted afterwards) and a client on it (``distlock_client``).
+Every fixture name starts with ``distlock_``. The fixtures, options and ini keys: docs/testing.md. Django's fixture
+is distlock_django's own plugin.
 
 What can go wrong: a fixture that needs what is not there fails its tests' set-up with a message saying what to
 pass or install: no URL for a ``*_noproc`` fixture, a URL of another backend, a service that does not answer, a
-binary option that names no executable, a backend the plugin cannot start. A missing server binary is the harness's
-`ConfigurationError`. Keys under a test's prefix are deleted even when a client the test made itself still holds a
-lock there (it then loses it). The plugin imports no backend client library until a fixture connects, so it is
-harmless in test suites that never use it.
+binary option that names no executable, a backend the plugin cannot start; a missing server binary is the
+harness's `ConfigurationError`. Keys under a test's prefix are deleted even when a client the test made itself
+still holds a lock there (it then loses it). No backend client library is imported until a fixture connects.
 """
 
 from __future__ import annotations

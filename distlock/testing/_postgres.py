@@ -1,32 +1,19 @@
 """Throwaway real PostgreSQL for tests: `PostgresServer`, one server on 127.0.0.1.
 
 Import it from `distlock.testing`. Its cluster (initdb once, on the first start), log and unix socket are in a
-private temporary directory; it runs on a free loopback port on the shared lifecycle of ``_base`` (stop, kill,
-pause, resume, restart, close), with settings for tests: trust authentication for the superuser ``distlock``,
-127.0.0.1 only, ``fsync=off`` (commits still write their WAL before answering, so a killed server keeps every
-commit it acknowledged). ``kill()`` and ``pause()`` reach the backends too, not only the postmaster. Binaries:
-the directory ``$DISTLOCK_PG_BIN``, else the newest ``/usr/lib/postgresql/*/bin`` (Debian), else where
-``pg_ctl`` is on ``$PATH``.
-
-PostgreSQL refuses to run as root. As root (CI containers) initdb and postgres run as an existing unprivileged
-user: the ``user`` argument, else ``$DISTLOCK_PG_USER``, else ``postgres`` (Debian's package creates it), else
-``distlock-pg``. The library creates no user unless asked: ``PostgresServer(create_user=True)`` runs useradd
-for a missing one (a system user without home or login shell). distlock's own ``scripts/servers.sh``, which
-the test and benchmark scripts run as root, creates ``$DISTLOCK_PG_USER`` when it is set and missing, else
-``distlock-pg`` when there is no ``postgres`` user.
-postgres is our direct child (subprocess's ``user=``, not runuser, whose watching parent would leave postgres
-running when SIGKILLed), so ``kill()`` crashes it for real.
+private temporary directory; it runs on a free loopback port on the shared lifecycle of ``_base``, with settings for
+tests: trust authentication for the superuser ``distlock``, 127.0.0.1 only, ``fsync=off`` (a killed server still
+keeps every commit it acknowledged). ``kill()`` and ``pause()`` reach the backends too, not only the postmaster. As
+root it runs as an unprivileged user (``user``, ``$DISTLOCK_PG_USER``, ``postgres`` or ``distlock-pg``; created
+only with ``create_user=True``). Binaries and users: docs/testing.md.
 
 What can go wrong:
 
-- No binary: `ConfigurationError`, naming the Debian package ``postgresql``.
-- As root with no user to run PostgreSQL as: `ConfigurationError`, saying how to create one or name one; with
-  ``create_user=True`` and no useradd, or a useradd that fails, likewise. A named user that is root is refused.
-- The temporary directory must be reachable by that user: a ``$TMPDIR`` under ``/root`` is not, and initdb then
-  fails (`ServerStartError` with its own message).
+- No binary: `ConfigurationError`, naming the Debian package ``postgresql``. As root with no user to run as (or a
+  useradd that is missing or fails, or a named user that is root): `ConfigurationError` saying what to do.
+- A temporary directory that user cannot reach (``$TMPDIR`` under ``/root``) makes initdb fail: `ServerStartError`.
 - postgres exits or is not ready within ``start_timeout``: `ServerStartError` with the tail of its log (a port
   taken meanwhile is retried on a first start). ``createdb`` failing is a `HarnessError`.
-- A server left running by a Python process killed with SIGKILL has its data under ``$TMPDIR/distlock-pg-*``.
 """
 
 from __future__ import annotations
@@ -181,6 +168,8 @@ class PostgresServer(_OnePortServer):
         return self.dsn_for(name)
 
     def _popen_kwargs(self) -> dict[str, Any]:
+        # subprocess's user=, not runuser: postgres stays our direct child, so kill() crashes it for real (runuser's
+        # watching parent would leave postgres running when SIGKILLed).
         env = _clean_env("PG")
         if self._user is None:
             return {"env": env}

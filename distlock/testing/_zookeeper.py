@@ -1,25 +1,18 @@
 """Throwaway real ZooKeeper for tests: `ZooKeeperServer` (one standalone server) and `ZooKeeperEnsemble`.
 
-Import them from `distlock.testing`. Each server is Debian's ``zookeeper`` package (3.8, a Java program) run
-directly with ``java`` (no init scripts, no system-wide configuration): free loopback ports, its ``zoo.cfg``, data
-and log in a private temporary directory, on the shared lifecycle of ``_base`` (stop, kill, pause, resume,
-restart, close). A small heap (``-Xmx64m``, the serial collector, the client JIT) keeps a server near 60 MB and
-its start well under a second; the tick is 100 ms, so sessions may be as short as 0.4 s and an ensemble elects a
-leader quickly. Transactions are not fsynced (``zookeeper.forceSync=no``): a killed server keeps what it wrote (the
-operating system has it), a machine that loses power would not; tokens survive a ``kill()`` and ``start()``.
-A server answers the four-letter word ``srvr`` (whitelisted), which says whether it serves and in which mode
-(``standalone``, ``leader``, ``follower``).
-
-The jar is ``$DISTLOCK_ZOOKEEPER_JAR``, else Debian's ``/usr/share/java/zookeeper.jar`` (its manifest names the
-libraries it needs); Java is ``$DISTLOCK_JAVA_BIN``, else ``java`` on ``$PATH``.
+Import them from `distlock.testing`. Each server is Debian's ``zookeeper`` package run directly with ``java``, on
+free loopback ports with its ``zoo.cfg``, data and log in a private temporary directory, on the shared lifecycle of
+``_base``. Tuned for tests: a 64 MB heap, a 100 ms tick (sessions as short as 0.4 s, quick elections), no fsync (a
+killed server keeps what it wrote; tokens survive ``kill()`` and ``start()``). Readiness and mode (standalone,
+leader, follower) come from the four-letter word ``srvr``. The jar is ``$DISTLOCK_ZOOKEEPER_JAR``, else Debian's
+``/usr/share/java/zookeeper.jar``; Java is ``$DISTLOCK_JAVA_BIN``, else ``java`` on ``$PATH``.
 
 What can go wrong:
 
 - No jar or no Java: `ConfigurationError`, naming the Debian package ``zookeeper``.
 - A server that exits or does not serve within ``start_timeout``: `ServerStartError` with the tail of its log
-  (ZooKeeper logs through SLF4J, which Debian's jar has no binding for: the log holds Java's own output only).
+  (Java's own output only: Debian's jar has no SLF4J binding).
 - An ensemble needs a majority: with two of three members down, the third serves nothing until one is back.
-- A server left running by a Python process killed with SIGKILL has its data under ``$TMPDIR/distlock-zk-*``.
 """
 
 from __future__ import annotations
