@@ -54,7 +54,8 @@ class ErrorTable:
     """How one backend's client errors read.
 
     ``retryable(error)``: the error means "not now", try again after a pause. ``translate(error, what)``: the
-    distlock error to raise instead (None: not a client error, let it through unchanged). ``recover(error,
+    distlock error to raise instead (None: not a client error, let it through unchanged); a function or method of the
+    backend's package, whose module names the backend in ``distlock.backend.errors``. ``recover(error,
     deadline)``: repair what the error says is broken before the next attempt; True when that repair makes an
     immediate retry worthwhile (allowed once per request), False to go on with the usual rules.
     """

@@ -14,7 +14,6 @@ read by SQLAlchemy's exception classes alone. Why the server's clock: docs/opera
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -187,10 +186,15 @@ def error_table(description: str, *, retry_conflicts: bool = False) -> ErrorTabl
     """How the errors of the database ``description`` names read, for ``_retry``. ``retry_conflicts``: retry a
     unique violation too (a lease id drawn twice; two first users creating the tables at once: PostgreSQL may report
     the loser's ``CREATE ... IF NOT EXISTS`` as a unique violation in its catalog, and looking again finds them)."""
+
+    def translate(error: Exception, what: str) -> BackendError | None:
+        # A function of this package, not a partial: its module names the backend in distlock.backend.errors.
+        return _translate(error, what, description=description)
+
     return ErrorTable(
         description=description,
         retryable=_retryable_or_conflict if retry_conflicts else retryable,
-        translate=functools.partial(_translate, description=description),
+        translate=translate,
     )
 
 
