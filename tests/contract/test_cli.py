@@ -22,6 +22,10 @@ from _support import REPO, child_env, queued, wait_until
 import distlock
 from distlock._cli import main
 
+# The distlock command runs in a process of its own: it refuses a memory:// URL (another process's memory), so its
+# tests run on every backend but the in-memory one (see tests/backends/memory for that refusal).
+pytestmark = pytest.mark.real_server
+
 
 @pytest.fixture
 def held_with_two_waiters(client: distlock.Client, lock_name: str) -> Iterator[list[distlock.Lock]]:
@@ -204,7 +208,6 @@ def test_python_m_distlock_fails_without_a_traceback() -> None:
         assert result.stdout == "" and "Traceback" not in result.stderr and result.stderr.strip(), argv
 
 
-@pytest.mark.real_server
 def test_python_m_distlock_lists_locks(
     held_with_two_waiters: list[distlock.Lock], backend_url: str, lock_name: str
 ) -> None:

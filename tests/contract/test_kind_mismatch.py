@@ -243,6 +243,7 @@ def _queued(client: distlock.Client, name: str, count: int) -> bool:
     return state is not None and len(state.waiters) == count
 
 
+@pytest.mark.real_server  # the distlock command: another process, which cannot see memory://
 def test_the_command_line_names_the_first_of_several_holders(
     client: distlock.Client, backend_url: str, lock_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

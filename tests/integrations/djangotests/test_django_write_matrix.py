@@ -654,6 +654,9 @@ def _until_done_or_waiting(done: threading.Event) -> bool:
     deadline = time.monotonic() + 30
     while not done.wait(0.01):
         with connections["pg"].cursor() as probe:
+            # A's connection, inside A's transaction, which caches pg_stat_activity at its first read
+            # (stats_fetch_consistency): without a fresh snapshot, a wait that began after the first probe never shows.
+            probe.execute("SELECT pg_stat_clear_snapshot()")
             probe.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
             )
