@@ -11,7 +11,7 @@
 * :mod:`~benchmarks._harness.processes`: a lock benchmark's measurements in spawned processes, start to end.
 
 Each module imports only modules listed above it (``machine`` names ``ServerUnderTest`` for its types alone), and
-never a benchmark; names without a leading underscore are public to the benchmarks (tests/test_architecture.py
+never a benchmark; names without a leading underscore are public to the benchmarks (tests/tooling/test_architecture.py
 checks the import graph and the names). This package exports nothing of its own.
 """
 

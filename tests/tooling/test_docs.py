@@ -113,3 +113,30 @@ def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
     assert result.returncode == 0, output
     assert "WARNING" not in output, output
     assert (tmp_path / "site" / "reference" / "distlock" / "index.html").exists()
+
+
+#: A repository path cited in prose: ``tests/…/x.py``, ``distlock/…/x.py`` (no link for mkdocs to check).
+_CITED_PATH = re.compile(
+    r"\b((?:tests|distlock|distlock_django|distlock_sqla|benchmarks|faults|scripts)/[\w./-]*\.(?:py|sh|lua|md))(?![\w*])"
+)
+
+
+def test_every_file_the_docs_and_docstrings_cite_exists() -> None:
+    """Files move (tests/ was laid out by shape): a path named in a doc, a module docstring or a comment must still
+    name a file or folder of the repository."""
+    sources = [
+        *DOCS.rglob("*.md"),
+        REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+        REPO / "tox.ini",
+        REPO / "pyproject.toml",
+    ]
+    for package in ("distlock", "distlock_django", "distlock_sqla", "benchmarks", "faults", "tests", "scripts"):
+        sources += [*(REPO / package).rglob("*.py"), *(REPO / package).rglob("*.sh")]
+    missing = sorted(
+        f"{source.relative_to(REPO)}: {cited}"
+        for source in sources
+        for cited in set(_CITED_PATH.findall(source.read_text()))
+        if not (REPO / cited).exists()
+    )
+    assert not missing, "paths cited that do not exist:\n" + "\n".join(missing)
