@@ -2,8 +2,8 @@
 # Everything CI runs (.ci/run), in four steps: set up .venv (bootstrap.sh); provision the servers the fixtures start
 # (servers.sh, once); lint and types in tox's `lint` and `type` environments, as a contributor runs them; then the
 # whole suite on two pytest-xdist workers (a file's tests on one worker, each worker with servers of its own), with
-# the version matrix beside it (tox's py311-oldest and, where a Python 3.13 runs, py313-newest: tox.ini), each on ports of
-# its own. Arguments go to pytest: only those tests run, in one process, and no matrix. The matrix's output
+# the version matrix beside it (tox's py311-oldest and, where a Python 3.13 runs, py313-newest, at once: tox.ini), each
+# on ports of its own. Arguments go to pytest: only those tests run, in one process, and no matrix. The matrix's output
 # follows the suite's, then the suite's closing line; the script fails if any step failed.
 source "$(dirname "$0")/bootstrap.sh"
 echo "== provisioning (scripts/servers.sh)"
@@ -28,7 +28,9 @@ if [ "$#" = 0 ]; then
     echo "== no Python 3.13 here: py313-newest (Django 6) left out; .venv tests the newest releases Python 3.11 gets"
   fi
   matrix_log=$(mktemp -t distlock-matrix.XXXXXX)
-  DISTLOCK_TEST_PORT_RANGE=24000-32000 PATH=$tox_path .venv/bin/tox run -e "$envs" >"$matrix_log" 2>&1 &
+  # Both environments at once (each on ports of its own, tox.ini): one after the other, the second ran alone for
+  # minutes after the suite had finished, one core idle.
+  PATH=$tox_path .venv/bin/tox run-parallel -p 2 --parallel-no-spinner -e "$envs" >"$matrix_log" 2>&1 &
   matrix_pid=$!
   trap 'kill "$matrix_pid" 2>/dev/null || true' EXIT  # an interrupted run leaves no tox behind
   echo "== version matrix ($envs) started beside the suite: its output follows the suite's"
