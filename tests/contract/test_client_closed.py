@@ -112,3 +112,91 @@ def test_every_call_on_a_closed_client_raises_client_closed(backend_url: str, lo
             outcomes[what] = type(e).__name__
     assert outcomes == dict.fromkeys(calls, "ClientClosed")
     assert held.lost and not held.owned()
+
+
+def test_a_waiter_that_leaves_its_session_before_the_revoke_leaves_no_key(
+    backend_url: str, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() wakes a waiter, then revokes its lease. The woken waiter may leave its session (and stop being one of
+    its members, whose tickets the revoke names) before the revoke reads them: its key must go all the same. Here
+    the revoke waits until the waiter has left, an interleaving a loaded machine makes by itself; on Redis, whose
+    revoke removes only the tickets it is given, the key stayed and counted as a waiter of the lock for good."""
+    with distlock.connect(backend_url) as observer:
+        holder = observer.lock(lock_name, ttl=5)
+        assert holder.acquire()
+        client = distlock.connect(backend_url)
+        keeper: Any = client._keeper
+        left = threading.Event()
+        detach, revoke = keeper.detach, keeper._revoke
+
+        def detach_and_tell(session: object, member: object) -> None:
+            detach(session, member)
+            left.set()
+
+        def revoke_once_the_waiter_left(session: object) -> None:
+            left.wait(10)
+            revoke(session)
+
+        monkeypatch.setattr(keeper, "detach", detach_and_tell)
+        monkeypatch.setattr(keeper, "_revoke", revoke_once_the_waiter_left)
+        outcome: list[object] = []
+
+        def acquire() -> None:
+            try:
+                outcome.append(client.lock(lock_name, ttl=5).acquire(timeout=30))
+            except Exception as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        wait_until(lambda: waiters(observer, lock_name) == 1, 10, "the waiter to queue")
+        client.close()
+        thread.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], distlock.ClientClosed), outcome
+        assert left.is_set(), "the waiter never left its session"
+        assert waiters(observer, lock_name) == 0, "the closed client's waiter is still in the queue"
+        holder.release()
+
+
+def test_a_join_that_lands_before_the_revoke_and_returns_after_it_leaves_no_key(
+    backend_url: str, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() while a join is under way: the join lands on the live lease, the revoke runs (it cannot name a ticket
+    the join has not returned yet), then the join returns. The key must not outlive the close."""
+    with distlock.connect(backend_url) as observer:
+        holder = observer.lock(lock_name, ttl=5)
+        assert holder.acquire()
+        client = distlock.connect(backend_url)
+        backend: Any = client._backend
+        keeper: Any = client._keeper
+        joined, revoked = threading.Event(), threading.Event()
+        enqueue, revoke = backend.enqueue, keeper._revoke
+
+        def enqueue_then_wait_for_the_revoke(*args: object) -> object:
+            answer = enqueue(*args)
+            joined.set()
+            revoked.wait(10)
+            return answer
+
+        def revoke_and_tell(session: object) -> None:
+            revoke(session)
+            revoked.set()
+
+        monkeypatch.setattr(backend, "enqueue", enqueue_then_wait_for_the_revoke)
+        monkeypatch.setattr(keeper, "_revoke", revoke_and_tell)
+        outcome: list[object] = []
+
+        def acquire() -> None:
+            try:
+                outcome.append(client.lock(lock_name, ttl=5).acquire(timeout=30))
+            except Exception as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        assert joined.wait(10)
+        client.close()
+        thread.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], distlock.ClientClosed), outcome
+        assert waiters(observer, lock_name) == 0, "the closed client's join is still in the queue"
+        holder.release()
