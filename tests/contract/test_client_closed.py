@@ -18,6 +18,21 @@ import distlock
 RACES = 20
 
 
+def _acquire_on_a_thread(client: distlock.Client, name: str) -> tuple[threading.Thread, list[object]]:
+    """Start acquiring ``name`` on a thread; the list gets what ``acquire()`` returned or raised."""
+    outcome: list[object] = []
+
+    def acquire() -> None:
+        try:
+            outcome.append(client.lock(name, ttl=5).acquire(timeout=30))
+        except Exception as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=acquire)
+    thread.start()
+    return thread, outcome
+
+
 def test_a_waiter_gets_client_closed_when_another_thread_closes_the_client(backend_url: str, lock_name: str) -> None:
     with distlock.connect(backend_url) as observer:
         holder = observer.lock(lock_name, ttl=5)
@@ -68,16 +83,7 @@ def test_whatever_the_backend_raises_once_closed_a_waiter_gets_client_closed(
             raise error
 
         backend.wait = wait
-        outcome: list[object] = []
-
-        def acquire() -> None:
-            try:
-                outcome.append(client.lock(lock_name, ttl=5).acquire(timeout=30))
-            except Exception as e:
-                outcome.append(e)
-
-        thread = threading.Thread(target=acquire)
-        thread.start()
+        thread, outcome = _acquire_on_a_thread(client, lock_name)
         assert waiting.wait(10)
         client.close()
         thread.join(10)
@@ -139,16 +145,7 @@ def test_a_waiter_that_leaves_its_session_before_the_revoke_leaves_no_key(
 
         monkeypatch.setattr(keeper, "detach", detach_and_tell)
         monkeypatch.setattr(keeper, "_revoke", revoke_once_the_waiter_left)
-        outcome: list[object] = []
-
-        def acquire() -> None:
-            try:
-                outcome.append(client.lock(lock_name, ttl=5).acquire(timeout=30))
-            except Exception as e:
-                outcome.append(e)
-
-        thread = threading.Thread(target=acquire)
-        thread.start()
+        thread, outcome = _acquire_on_a_thread(client, lock_name)
         wait_until(lambda: waiters(observer, lock_name) == 1, 10, "the waiter to queue")
         client.close()
         thread.join(10)
@@ -184,16 +181,7 @@ def test_a_join_that_lands_before_the_revoke_and_returns_after_it_leaves_no_key(
 
         monkeypatch.setattr(backend, "enqueue", enqueue_then_wait_for_the_revoke)
         monkeypatch.setattr(keeper, "_revoke", revoke_and_tell)
-        outcome: list[object] = []
-
-        def acquire() -> None:
-            try:
-                outcome.append(client.lock(lock_name, ttl=5).acquire(timeout=30))
-            except Exception as e:
-                outcome.append(e)
-
-        thread = threading.Thread(target=acquire)
-        thread.start()
+        thread, outcome = _acquire_on_a_thread(client, lock_name)
         assert joined.wait(10)
         client.close()
         thread.join(10)
