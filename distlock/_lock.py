@@ -124,7 +124,6 @@ class Lock:
         self._handed_over = False  # hand_over() was called on the current hold
         #: The kind of this handle's queue entries (``_shape``): a lock's, a semaphore slot's, a reader's or writer's.
         self._kind = kind
-        self._queued: Ticket | None = None  # the ticket in the queue while this handle waits (for a lease's revoke)
 
     def __repr__(self) -> str:
         if self._ticket is not None and self._own_ticket() is None:
@@ -208,9 +207,12 @@ class Lock:
             ticket: Ticket | None = None
             try:
                 nonce = secrets.token_hex(8) if self._kind == MUTEX else f"{self._kind}.{secrets.token_hex(8)}"
+                answered: Ticket | None = None
+                keeper.join_started(session)
                 try:
                     record = owner_record(self.owner or nonce)
                     ticket, position = backend.enqueue(self.name, session.lease, nonce, record)
+                    answered = ticket
                 except LeaseGone:
                     keeper.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
                     continue
@@ -218,7 +220,14 @@ class Lock:
                     # The join may have landed, or a copy of it may still land: either way nobody waits on the key.
                     keeper.stray(session, self.name, nonce, active=False)
                     raise
-                self._queued = ticket
+                finally:
+                    noted = keeper.joined(session, answered)
+                if not noted:
+                    # The lease was revoked while this join was answered, too late for the revoke to name the key
+                    # (Redis would keep it): remove it here, and queue again on a live lease.
+                    stale, ticket = ticket, None
+                    self._give_up(stale, session)
+                    continue
                 if ticket.resent:
                     self._stray = keeper.stray(session, self.name, nonce)
                 if predecessor is not None and not position.held:
@@ -235,6 +244,8 @@ class Lock:
                         # back, on a live lease. (A key deleted by hand from a live lease just re-queues.)
                         if session.expired():
                             keeper.declare_lost(session, session.why_expired())
+                        if position.gone:
+                            keeper.left(session, ticket)  # (otherwise the lease's revoke names it)
                         self._stray_done()
                         ticket = None
                         break
@@ -267,7 +278,6 @@ class Lock:
                 unlink()
                 with self._mutex:
                     self._wake = None
-                    self._queued = None
                 if self._ticket is None:
                     keeper.detach(session, self)
                 if ticket is not None:  # an exception escaped mid-wait: leave no key behind
@@ -276,6 +286,7 @@ class Lock:
     def _give_up(self, ticket: Ticket, session: Session) -> None:
         try:
             self._context.backend.dequeue(ticket)
+            self._context.keeper.left(session, ticket)
         except BackendError as e:
             log.warning("distlock: could not remove waiter of %r now (%s); retrying in the background", self.name, e)
             self._context.keeper.orphan(ticket, session)
@@ -461,10 +472,6 @@ class Lock:
     def held_ticket(self) -> Ticket | None:
         return self._own_ticket() if self._lost_reason is None else None
 
-    @property
-    def queued_ticket(self) -> Ticket | None:
-        return self._queued or self._own_ticket()
-
     def ticket_gone(self, ticket: Ticket) -> None:
         if self._handed_over and self._end_handed_over(ticket):
             self._stray_done()
@@ -548,6 +555,7 @@ class Lock:
         try:
             with self._context.open_for(f"release lock {self.name!r}"):
                 removed = self._context.backend.dequeue(ticket)
+            self._context.keeper.left(session, ticket)
         except BackendError as e:
             log.warning("distlock: release of %r not confirmed (%s); retrying in the background", self.name, e)
             self._context.keeper.orphan(ticket, session)

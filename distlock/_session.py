@@ -43,6 +43,9 @@ REFRESHES_PER_TTL = 3
 CLOSE_WAIT = 2.0
 #: Pause between attempts to delete orphans while the server is away.
 ORPHAN_RETRY = 0.2
+#: The longest a revoke waits for the joins under way on its lease (each bounded by its request timeout).
+JOIN_WAIT = 10.0
+
 #: The most strays a session remembers (the oldest are forgotten, with a warning, past this).
 MAX_STRAYS = 1000
 #: A stray is looked for again after at most this many refresh intervals.
@@ -68,10 +71,6 @@ class Member(Protocol):
     @property
     def held_ticket(self) -> Ticket | None:
         """The ticket this member holds and does not know lost, if any."""
-
-    @property
-    def queued_ticket(self) -> Ticket | None:
-        """The ticket this member has in a queue, waiting or holding, if any (a revoke names it to the backend)."""
 
     def ticket_gone(self, ticket: Ticket) -> None:
         """The key of ``ticket`` was found gone while its lease lives (force-released)."""
@@ -114,6 +113,12 @@ class Session:
     #: Keys that late copies of this session's joins may make (see :class:`Stray`); a sweep is queued or running.
     strays: list[Stray] = field(default_factory=list)
     sweeping: bool = False
+    #: The tickets joined on this lease and not known removed: a revoke names them to the backend (Redis cannot remove
+    #: a lease's keys with it). ``revoked``: the revoke has read them; a join answered after it removes its own key.
+    joined: set[Ticket] = field(default_factory=set)
+    revoked: bool = False
+    #: Joins under way on this lease: a revoke waits for them (at most ``JOIN_WAIT``), so that it can name their keys.
+    joining: int = 0
 
     @property
     def refresh_interval(self) -> float:
@@ -390,6 +395,7 @@ class Keeper:
         finally:
             session.checking = False
         for ticket in gone:
+            self.left(session, ticket)
             self._guarded(held[ticket].ticket_gone, ticket)
 
     def _sweep_strays(self, session: Session) -> None:
@@ -467,14 +473,41 @@ class Keeper:
                         self._orphans.extend(failed)
                         retry_at = _clock.now() + ORPHAN_RETRY
 
-    def _revoke(self, session: Session) -> None:
+    def join_started(self, session: Session) -> None:
+        """A join on ``session`` is under way: call :meth:`joined` when it has answered (or failed)."""
         with self._cond:
-            queued = [ticket for member in session.members if (ticket := member.queued_ticket) is not None]
+            session.joining += 1
+
+    def joined(self, session: Session, ticket: Ticket | None) -> bool:
+        """The join :meth:`join_started` announced answered with ``ticket`` (None: it failed). False when the lease
+        was revoked meanwhile, too early to name the key (the revoke waited ``JOIN_WAIT`` in vain): the caller then
+        removes it itself."""
+        with self._cond:
+            session.joining -= 1
+            self._cond.notify_all()
+            if ticket is None:
+                return True
+            if session.revoked:
+                return False
+            session.joined.add(ticket)
+            return True
+
+    def left(self, session: Session, ticket: Ticket) -> None:
+        """``ticket``'s key is removed (released, given up, found gone): a revoke need not name it."""
+        with self._cond:
+            session.joined.discard(ticket)
+
+    def _revoke(self, session: Session) -> None:
+        # Every ticket joined on the lease and not known removed, waiting or held or orphaned, whatever its lock
+        # did since (a waiter woken by the loss leaves without removing its key, which goes with the lease
+        # elsewhere); a join answered after this read removes its own key (``joined`` says False).
+        with self._cond:
+            self._cond.wait_for(lambda: session.joining == 0, timeout=JOIN_WAIT)
+            session.revoked = True
+            tickets = list(session.joined)
         with self._work:
-            queued += [ticket for ticket, owner in self._orphans if owner is session]
             if self._closed:  # the revoke takes them with it
                 self._orphans = [(ticket, owner) for ticket, owner in self._orphans if owner is not session]
-        tickets = [ticket for ticket in queued if ticket.lease_id == session.lease.id]
         try:
             self._backend.revoke_lease(session.lease, tickets)
         except DistlockError as e:
@@ -488,4 +521,5 @@ class Keeper:
         except Exception as e:
             log.info("distlock could not delete %r's waiter yet: %s", ticket.name, e)
             return False
+        self.left(session, ticket)
         return True

@@ -155,32 +155,33 @@ def test_a_waiter_that_leaves_its_session_before_the_revoke_leaves_no_key(
         holder.release()
 
 
-def test_a_join_that_lands_before_the_revoke_and_returns_after_it_leaves_no_key(
+def test_a_join_under_way_when_the_client_closes_leaves_no_key(
     backend_url: str, lock_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """close() while a join is under way: the join lands on the live lease, the revoke runs (it cannot name a ticket
-    the join has not returned yet), then the join returns. The key must not outlive the close."""
+    """close() while a join is under way: the join lands on the live lease, the revoke starts before the join has
+    answered (it cannot name a ticket it has not seen: it waits for the join), then the join answers. The key must
+    not outlive the close (Redis removes a lease's keys only when the revoke names them)."""
     with distlock.connect(backend_url) as observer:
         holder = observer.lock(lock_name, ttl=5)
         assert holder.acquire()
         client = distlock.connect(backend_url)
         backend: Any = client._backend
         keeper: Any = client._keeper
-        joined, revoked = threading.Event(), threading.Event()
+        joined, revoking = threading.Event(), threading.Event()
         enqueue, revoke = backend.enqueue, keeper._revoke
 
-        def enqueue_then_wait_for_the_revoke(*args: object) -> object:
+        def enqueue_answered_once_the_revoke_started(*args: object) -> object:
             answer = enqueue(*args)
             joined.set()
-            revoked.wait(10)
+            assert revoking.wait(10), "the revoke never started"
             return answer
 
-        def revoke_and_tell(session: object) -> None:
+        def revoke_after_telling(session: object) -> None:
+            revoking.set()
             revoke(session)
-            revoked.set()
 
-        monkeypatch.setattr(backend, "enqueue", enqueue_then_wait_for_the_revoke)
-        monkeypatch.setattr(keeper, "_revoke", revoke_and_tell)
+        monkeypatch.setattr(backend, "enqueue", enqueue_answered_once_the_revoke_started)
+        monkeypatch.setattr(keeper, "_revoke", revoke_after_telling)
         thread, outcome = _acquire_on_a_thread(client, lock_name)
         assert joined.wait(10)
         client.close()

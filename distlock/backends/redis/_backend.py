@@ -204,8 +204,8 @@ class RedisBackend:
     def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
         key = self._keys.lease(lease.id)
         self._request("revoke lease", key, "DEL", key)
-        # The entries are dead now; removing them wakes their successors at once instead of after the TTL. (An entry
-        # whose join was under way is not among ``tickets``: its successor finds its lease gone and removes it.)
+        # The entries are dead now; removing them wakes their successors at once instead of after the TTL. (The core
+        # names every ticket joined on the lease and not known removed; a join answered after this removes its own.)
         for ticket in tickets:
             self._remove(ticket, check_token=True)
 
