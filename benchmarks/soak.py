@@ -256,7 +256,8 @@ class Service(abc.ABC):
 
 class Etcd(Service):
     def __init__(self) -> None:
-        description = f"etcd {etcd_version(find_etcd())}: one member, fsync on, no auto-compaction (etcd's defaults)"
+        version = ".".join(map(str, etcd_version(find_etcd())))
+        description = f"etcd {version}: one member, fsync on, no auto-compaction (etcd's defaults)"
         super().__init__("etcd", description, {"distlock": DistlockClient, "python-etcd3 `Lock`": Etcd3Client})
 
     @contextlib.contextmanager
