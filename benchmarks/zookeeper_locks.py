@@ -111,7 +111,8 @@ PLAN = Plan(
 )
 
 
-def _mntr(url: str) -> dict[str, str]:
+def mntr(url: str) -> dict[str, str]:
+    """ZooKeeper's ``mntr`` four-letter command: the statistics of the first server of ``url``, by name."""
     host, _, port = _hosts(url).split(",")[0].rpartition(":")
     with socket.create_connection((host, int(port)), timeout=5) as connection:
         connection.sendall(b"mntr")
@@ -129,7 +130,7 @@ class PacketCount:
     url: str
 
     def requests(self) -> Counter[str]:
-        stats = _mntr(self.url)
+        stats = mntr(self.url)
         if "zk_packets_received" not in stats:
             raise RuntimeError(f"ZooKeeper at {self.url} did not answer mntr (is it whitelisted?)")
         return Counter({"PACKETS": int(stats["zk_packets_received"])})
@@ -145,7 +146,7 @@ class ZooKeeperUnderTest(ServerUnderTest):
         self.run_id = run_id
 
     def version(self) -> str:
-        return _mntr(self.url).get("zk_version", "?").split(",")[0]
+        return mntr(self.url).get("zk_version", "?").split(",")[0]
 
     def remove_leftovers(self) -> int:
         """Delete and count this run's nodes still on the server: waiters' nodes under distlock's lock nodes and

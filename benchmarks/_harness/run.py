@@ -3,8 +3,9 @@
 :class:`Run` keeps what a section states first: the command, when it started, the machine's load then (the figures
 are only as quiet as the machine), and an id that tells this run's lock names and keys from any other run's on the
 same server. The options: those of the lock benchmarks (:func:`add_lock_arguments`, checked by
-:func:`parse_lock_arguments`), of the database benchmarks (:func:`database_arguments`), and ``--etcd-url`` / ``--out``
-(:func:`add_etcd_arguments`, :func:`add_out_argument`); :func:`summary` is a benchmark's ``--help`` description.
+:func:`parse_lock_arguments`), of the database benchmarks (:func:`database_arguments`), a subset of a benchmark's
+choices (:func:`add_subset_argument`, :func:`check_subset`), and ``--etcd-url`` / ``--out`` (:func:`add_etcd_arguments`,
+:func:`add_out_argument`); :func:`summary` is a benchmark's ``--help`` description.
 
 What can go wrong: a bad option value (no rounds, a negative duration, an unknown lock) stops the run through
 ``argparse``'s own error, before any server starts.
@@ -28,6 +29,8 @@ __all__ = [
     "add_etcd_arguments",
     "add_lock_arguments",
     "add_out_argument",
+    "add_subset_argument",
+    "check_subset",
     "database_arguments",
     "parse_lock_arguments",
     "summary",
@@ -100,21 +103,31 @@ def add_lock_arguments(parser: argparse.ArgumentParser, labels: Sequence[str], *
         default=[8, 32],
         help="comma-separated process counts for contention (default 8,32)",
     )
-    parser.add_argument(
-        "--locks",
-        type=lambda s: s.split(","),
-        default=list(labels),
-        help=f"comma-separated subset of {','.join(labels)} (default all)",
-    )
+    add_subset_argument(parser, "--locks", labels)
     add_out_argument(parser)
+
+
+def add_subset_argument(parser: argparse.ArgumentParser, option: str, choices: Sequence[str]) -> None:
+    """``option``: a comma-separated subset of ``choices`` (default all), checked by :func:`check_subset`."""
+    parser.add_argument(
+        option,
+        type=lambda s: s.split(","),
+        default=list(choices),
+        help=f"comma-separated subset of {','.join(choices)} (default all)",
+    )
+
+
+def check_subset(parser: argparse.ArgumentParser, chosen: Iterable[str], choices: Sequence[str], what: str) -> None:
+    """Stop the run through ``argparse`` if ``chosen`` names any ``what`` (lock, service) outside ``choices``."""
+    unknown = set(chosen) - set(choices)
+    if unknown:
+        parser.error(f"unknown {what}(s) {', '.join(sorted(unknown))}; choose from {', '.join(choices)}")
 
 
 def parse_lock_arguments(parser: argparse.ArgumentParser, run: Run, labels: Sequence[str]) -> argparse.Namespace:
     """Parse the run's arguments and check what :func:`add_lock_arguments` added."""
     args = parser.parse_args(run.argv)
-    unknown = set(args.locks) - set(labels)
-    if unknown:
-        parser.error(f"unknown lock(s) {', '.join(sorted(unknown))}; choose from {', '.join(labels)}")
+    check_subset(parser, args.locks, labels, "lock")
     if args.rounds < 1 or args.duration <= 0 or not all(n > 0 for n in args.processes):
         parser.error("--rounds, --duration and --processes must be positive")
     return args
