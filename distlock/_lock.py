@@ -98,14 +98,9 @@ class Lock:
     """
 
     def __init__(self, context: Context, name: str, *, kind: str = MUTEX, **options: Unpack[LockOptions]) -> None:
-        check_options(name, options)
+        self.ttl, self.timeout, self.max_hold = check_options(name, options)
         self._context = context
         self.name = name
-        self.ttl = seconds(options.get("ttl", 30.0), "ttl (the lease length)")
-        self.timeout = seconds(
-            options.get("timeout", 60.0), "timeout (how long to wait)", allow_zero=True, allow_forever=True
-        )
-        self.max_hold = seconds(options.get("max_hold"), "max_hold", allow_none=True)
         self._on_lost = options.get("on_lost")
         self.owner = options.get("owner")
         self.family = options.get("family")

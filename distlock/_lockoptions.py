@@ -2,7 +2,7 @@
 
 ``client.lock()``, ``async_lock()``, ``semaphore()``, ``rwlock()``, ``multi_lock()`` and ``election()`` all take these
 keyword options; :func:`check_options` checks them, with the lock's name, where they are given (a handle, a read/write
-lock), so a bad value fails when the handle is made, never at the first acquire.
+lock), so a bad value fails when the handle is made, never at the first acquire, and returns the durations it read.
 
 What can go wrong: an unknown option is a ``TypeError`` naming the known ones; a bad name raises ``InvalidLockName``
 and a bad owner, family or duration a ``ConfigurationError`` (durations through the one validator, ``_seconds``).
@@ -11,7 +11,7 @@ and a bad owner, family or duration a ``ConfigurationError`` (durations through 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from ._errors import ConfigurationError
 from ._names import validate_name
@@ -20,7 +20,7 @@ from ._seconds import seconds
 if TYPE_CHECKING:
     from ._lock import Lock
 
-__all__ = ["LockOptions", "check_options"]
+__all__ = ["Durations", "LockOptions", "check_options"]
 
 
 class LockOptions(TypedDict, total=False):
@@ -47,9 +47,17 @@ class LockOptions(TypedDict, total=False):
 _KNOWN_OPTIONS = ", ".join(sorted(LockOptions.__optional_keys__))
 
 
-def check_options(name: str, options: LockOptions) -> None:
-    """Check a lock's name and the options of :class:`LockOptions` that no other check covers, where they are given
-    (a handle, a read/write lock): ``TypeError`` for an unknown option, ``ConfigurationError`` for a bad value."""
+class Durations(NamedTuple):
+    """A handle's durations in seconds, defaults filled in: the lease, the wait, the most it may be held."""
+
+    ttl: float
+    timeout: float
+    max_hold: float | None
+
+
+def check_options(name: str, options: LockOptions) -> Durations:
+    """Check a lock's name and the options of :class:`LockOptions`, where they are given (a handle, a read/write
+    lock): ``TypeError`` for an unknown option, ``ConfigurationError`` for a bad value. Returns the durations read."""
     unknown = options.keys() - LockOptions.__optional_keys__
     if unknown:
         raise TypeError(f"unexpected lock option(s) {', '.join(sorted(unknown))}; known: {_KNOWN_OPTIONS}")
@@ -58,6 +66,10 @@ def check_options(name: str, options: LockOptions) -> None:
         value = options.get(option)
         if value is not None and (not isinstance(value, str) or not value.isprintable() or not 0 < len(value) <= 256):
             raise ConfigurationError(f"{what} must be a printable str of 1 to 256 characters, not {value!r}")
-    seconds(options.get("ttl", 30.0), "ttl (the lease length)")
-    seconds(options.get("timeout", 60.0), "timeout (how long to wait)", allow_zero=True, allow_forever=True)
-    seconds(options.get("max_hold"), "max_hold", allow_none=True)
+    return Durations(
+        ttl=seconds(options.get("ttl", 30.0), "ttl (the lease length)"),
+        timeout=seconds(
+            options.get("timeout", 60.0), "timeout (how long to wait)", allow_zero=True, allow_forever=True
+        ),
+        max_hold=seconds(options.get("max_hold"), "max_hold", allow_none=True),
+    )

@@ -484,7 +484,10 @@ class Keeper:
         removes it itself."""
         with self._cond:
             session.joining -= 1
-            self._cond.notify_all()
+            # Only a lost session's revoke waits for its joins; the keeper thread waits on this condition too, and is
+            # not woken for every acquisition.
+            if session.lost_reason is not None:
+                self._cond.notify_all()
             if ticket is None:
                 return True
             if session.revoked:
