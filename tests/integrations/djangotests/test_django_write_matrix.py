@@ -606,17 +606,7 @@ def _race(op: str) -> None:
         if writes and not b_done.is_set() and not b_result:
             b_result.append("started")
             threading.Thread(target=claim_b).start()
-            deadline = time.monotonic() + 30
-            while not b_done.wait(0.01):  # B committed, or (below) B waits for a row lock A holds
-                with connections["pg"].cursor() as probe:
-                    probe.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND datname = current_database()"
-                    )
-                    if probe.fetchone()[0]:
-                        b_waited[0] = True
-                        break
-                assert time.monotonic() < deadline, "B neither committed nor waited for A"
+            b_waited[0] = _until_done_or_waiting(b_done)  # B committed, or B waits for a row lock A holds
         return execute(sql, params, many, context)
 
     def write() -> None:
