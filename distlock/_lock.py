@@ -23,7 +23,6 @@ import functools
 import logging
 import math
 import os
-import secrets
 import threading
 from dataclasses import dataclass
 from types import TracebackType
@@ -201,9 +200,8 @@ class Lock:
             keeper.attach(session, self)
             ticket: Ticket | None = None
             try:
-                nonce = secrets.token_hex(8) if self._kind == MUTEX else f"{self._kind}.{secrets.token_hex(8)}"
                 answered: Ticket | None = None
-                keeper.join_started(session)
+                nonce = keeper.join_started(session, self.name, self._kind)  # a seat, reused (see join_started)
                 try:
                     record = owner_record(self.owner or nonce)
                     ticket, position = backend.enqueue(self.name, session.lease, nonce, record)
@@ -212,11 +210,12 @@ class Lock:
                     keeper.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
                     continue
                 except BaseException:
-                    # The join may have landed, or a copy of it may still land: either way nobody waits on the key.
+                    # The join may have landed, or a copy of it may still land: either way nobody waits on the key
+                    # (and its seat is retired, so no later join of ours can make that key).
                     keeper.stray(session, self.name, nonce, active=False)
                     raise
                 finally:
-                    noted = keeper.joined(session, answered)
+                    noted = keeper.joined(session, self.name, nonce, answered)
                 if not noted:
                     # The lease was revoked while this join was answered, too late for the revoke to name the key
                     # (Redis would keep it): remove it here, and queue again on a live lease.

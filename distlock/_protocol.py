@@ -3,7 +3,7 @@
 The algorithm (``_lock``: queueing, waiting, timeouts, release, force release, hand-over) and the session keeper
 (``_session``: lease refresh, lost-lock deadlines, strays) are written once above :class:`Backend`. A backend grants,
 refreshes and revokes *leases* (a crashed client's keys vanish with its lease); joins a lock's FIFO queue
-(idempotently per nonce); says where a ticket stands and waits for the entry ahead; removes a ticket only if it is
+(idempotently per lease and nonce); says where a ticket stands and waits for the entry ahead; removes a ticket only if it is
 still that ticket; names a lock's head; finds held tickets that vanished while their lease lived; removes what a late
 copy of a retried join left. A ticket at the head holds, and its ``token`` strictly increases from one holder of a
 name to the next across client and server restarts. Semaphores and read/write locks share the queue: each entry's
@@ -260,8 +260,15 @@ class Backend(Protocol):
         the client still has on it (held or waiting), for a service that cannot remove keys with their lease."""
 
     def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
-        """Join lock ``name``'s queue as waiter ``nonce`` on ``lease``; idempotent for the same nonce. Raises
-        ``LockKindMismatch`` (``_shape.refuse_mixed``) when entries of another family of kinds are queued."""
+        """Join lock ``name``'s queue as waiter ``nonce`` on ``lease``; idempotent for the same lease and nonce.
+        Raises ``LockKindMismatch`` (``_shape.refuse_mixed``) when entries of another family of kinds are queued.
+
+        The nonce is a *seat* (``"0"``, ``"r.1"``: ``Keeper.join_started``), reused by later joins on the lease and
+        by every other lease: an entry is this join's only if both its lease and its nonce match. Idempotency rests
+        on the core's promise that a seat is never given to a new join on the lease while an entry made with it may
+        exist: not before its ticket is known removed, and never again after a join with it had an unknown outcome.
+        So an entry found with this lease and nonce is this very join's, made by an earlier attempt of the request.
+        """
 
     def position(self, ticket: Ticket) -> Position:
         """Where ``ticket`` stands now."""
@@ -291,7 +298,8 @@ class Backend(Protocol):
         """Remove the key ``enqueue(name, lease, nonce, ...)`` makes, if it exists now; its token, or None.
 
         The keeper asks this of joins that were sent more than once, after their lock is done with them: a late
-        copy of such a join may have made the key again (see ``_session.Stray``).
+        copy of such a join may have made the key again (see ``_session.Stray``). Their seat is retired, so the key
+        is never a later join's.
         """
 
     def close(self) -> None:

@@ -7,7 +7,8 @@ deadline passes, the session is *lost* for good: its held locks are marked lost,
 new lease, and the lease revoked, best effort. A second thread, the *cleaner*, does everything else that talks to the
 server or runs user code (revokes, ``max_hold`` removals, orphan deletions, ``on_lost`` callbacks, the check after
 each refresh that held tickets are still there, and the sweep of *strays*, tickets a late copy of a retried join may
-make), so nothing slow stands between a lease and its next refresh. Why each of these exists: docs/design.md,
+make), so nothing slow stands between a lease and its next refresh. A join's nonce is a *seat* of its session, reused
+once its ticket is gone (``Keeper.join_started``), so a lock's keys do not pile up with its acquisitions. Why each of these exists: docs/design.md,
 "The session keeper".
 
 What can go wrong: neither thread dies of an exception: one that escapes is logged (logger ``distlock``) and the
@@ -29,6 +30,7 @@ from typing import Protocol
 from . import _clock
 from ._errors import ClientClosed, DistlockError
 from ._protocol import Backend, Lease, LeaseGone, Ticket
+from ._shape import seat_nonce
 
 __all__ = ["MIN_TTL", "Keeper", "Member", "Session", "Stray"]
 
@@ -85,7 +87,9 @@ def _margin(ttl: float) -> float:
 class Stray:
     """The key of lock ``name`` that a join with ``nonce`` makes, which a late copy of that join may make again.
 
-    ``active`` while a lock still waits on or holds the key; then the cleaner looks for it (see the module).
+    ``active`` while a lock still waits on or holds the key; then the cleaner looks for it (see the module). Its
+    seat is retired (``Session.retired``): no later join of the session makes that key, so what the cleaner finds
+    there is the stray's.
     """
 
     name: str
@@ -113,9 +117,16 @@ class Session:
     #: Keys that late copies of this session's joins may make (see :class:`Stray`); a sweep is queued or running.
     strays: list[Stray] = field(default_factory=list)
     sweeping: bool = False
-    #: The tickets joined on this lease and not known removed: a revoke names them to the backend (Redis cannot remove
-    #: a lease's keys with it). ``revoked``: the revoke has read them; a join answered after it removes its own key.
-    joined: set[Ticket] = field(default_factory=set)
+    #: The tickets joined on this lease and not known removed, each with its nonce: a revoke names them to the backend
+    #: (Redis cannot remove a lease's keys with it). ``revoked``: the revoke has read them; a join answered after it
+    #: removes its own key.
+    joined: dict[Ticket, str] = field(default_factory=dict)
+    #: The seats, ``(lock name, nonce)``, a new join on this lease may not take (see :meth:`Keeper.join_started`):
+    #: those of joins under way or joined and not known removed, and those in ``retired``.
+    seats: set[tuple[str, str]] = field(default_factory=set)
+    #: The seats of joins whose outcome was unknown (strays): never taken again on this lease, even once their stray
+    #: is forgotten (:data:`MAX_STRAYS`), so that a key with one of them is only ever that join's or its late copy's.
+    retired: set[tuple[str, str]] = field(default_factory=set)
     revoked: bool = False
     #: Joins under way on this lease: a revoke waits for them (at most ``JOIN_WAIT``), so that it can name their keys.
     joining: int = 0
@@ -126,6 +137,11 @@ class Session:
 
     def expired(self, now: float | None = None) -> bool:
         return self.lost_reason is not None or (_clock.now() if now is None else now) >= self.deadline
+
+    def free_seat(self, name: str, nonce: str) -> None:
+        """The join of ``name`` with ``nonce`` left no key: a new join may take its seat, unless it is retired."""
+        if (name, nonce) not in self.retired:
+            self.seats.discard((name, nonce))
 
     def why_expired(self) -> str:
         if self.lost_reason is not None:
@@ -227,6 +243,8 @@ class Keeper:
         """
         stray = Stray(name, nonce, active=active, next_check=_clock.now())
         with self._cond:
+            session.retired.add((name, nonce))  # its seat, for good: see join_started
+            session.seats.add((name, nonce))
             session.strays.append(stray)
             if len(session.strays) > MAX_STRAYS:
                 forgotten = session.strays.pop(0)
@@ -473,15 +491,28 @@ class Keeper:
                         self._orphans.extend(failed)
                         retry_at = _clock.now() + ORPHAN_RETRY
 
-    def join_started(self, session: Session) -> None:
-        """A join on ``session`` is under way: call :meth:`joined` when it has answered (or failed)."""
+    def join_started(self, session: Session, name: str, kind: str) -> str:
+        """A join of lock ``name`` with ``kind`` on ``session`` is under way: its nonce, the lowest free *seat*. Call
+        :meth:`joined` when it has answered (or failed).
+
+        A seat is taken until its ticket is known removed (:meth:`left`), and for the session's life once a join
+        with it had an unknown outcome (:meth:`stray`). So the keys of a lock name grow with leases times holders
+        at once, not with acquisitions (etcd's reads step over every key name ever made under a prefix), and a key
+        with a retired seat can only be the stray's own or a late copy of it: what ``discard`` removes is never a
+        live waiter's.
+        """
         with self._cond:
             session.joining += 1
+            seat = 0
+            while (name, seat_nonce(kind, seat)) in session.seats:
+                seat += 1
+            session.seats.add((name, nonce := seat_nonce(kind, seat)))
+            return nonce
 
-    def joined(self, session: Session, ticket: Ticket | None) -> bool:
-        """The join :meth:`join_started` announced answered with ``ticket`` (None: it failed). False when the lease
-        was revoked meanwhile, too early to name the key (the revoke waited ``JOIN_WAIT`` in vain): the caller then
-        removes it itself."""
+    def joined(self, session: Session, name: str, nonce: str, ticket: Ticket | None) -> bool:
+        """The join :meth:`join_started` gave ``nonce`` answered with ``ticket`` (None: it failed, and its seat is
+        free unless the caller called :meth:`stray` for it). False when the lease was revoked meanwhile, too early to
+        name the key (the revoke waited ``JOIN_WAIT`` in vain): the caller then removes it itself."""
         with self._cond:
             session.joining -= 1
             # Only a lost session's revoke waits for its joins; the keeper thread waits on this condition too, and is
@@ -489,16 +520,20 @@ class Keeper:
             if session.lost_reason is not None:
                 self._cond.notify_all()
             if ticket is None:
+                session.free_seat(name, nonce)
                 return True
             if session.revoked:
                 return False
-            session.joined.add(ticket)
+            session.joined[ticket] = nonce
             return True
 
     def left(self, session: Session, ticket: Ticket) -> None:
-        """``ticket``'s key is removed (released, given up, found gone): a revoke need not name it."""
+        """``ticket``'s key is removed (released, given up, found gone): a revoke need not name it, and its seat is
+        free again (unless retired)."""
         with self._cond:
-            session.joined.discard(ticket)
+            nonce = session.joined.pop(ticket, None)
+            if nonce is not None:
+                session.free_seat(ticket.name, nonce)
 
     def _revoke(self, session: Session) -> None:
         # Every ticket joined on the lease and not known removed, waiting or held or orphaned, whatever its lock

@@ -1,8 +1,9 @@
 """Which entries of a lock's queue hold it: the grant rule of mutexes, semaphores and read/write locks, in one place.
 
 Every queue entry has a *kind*, carried in its nonce (and so in its key or member name, where every reader of the
-queue can see it without another read): a plain hex nonce is a mutex waiter, ``s<N>.<hex>`` a slot of a semaphore of
-limit ``N``, ``r.<hex>`` a reader and ``w.<hex>`` a writer of a read/write lock. One rule covers all of them: an entry
+queue can see it without another read): a plain nonce (``0``, a *seat*: ``seat_nonce``) is a mutex waiter, ``s<N>.0``
+a slot of a semaphore of limit ``N``, ``r.0`` a reader and ``w.0`` a writer of a read/write lock (before seats, the
+nonce was 16 random hex digits where the seat is now; both read alike). One rule covers all of them: an entry
 holds when fewer than its *limit* of the entries ahead of it *conflict* with it. A mutex has limit 1 and everything
 conflicts (the head holds); a semaphore of limit N likewise with limit N (the first N hold); a reader conflicts only
 with writers and a writer with everything, limit 1 (readers hold together until a writer is ahead of them; a writer
@@ -38,6 +39,7 @@ __all__ = [
     "lock_state",
     "mismatch",
     "refuse_mixed",
+    "seat_nonce",
     "semaphore_kind",
     "waiting",
     "waits_on",
@@ -69,6 +71,12 @@ def kind_of(nonce: str) -> str:
     if not dot or not head or not (head in (READ, WRITE) or (head[0] == "s" and head[1:].isdigit())):
         return MUTEX
     return head
+
+
+def seat_nonce(kind: str, seat: int) -> str:
+    """The nonce of a join of ``kind`` in seat ``seat`` (``_session.Keeper.join_started``): ``"0"`` for a mutex,
+    ``"<kind>.0"`` for the others."""
+    return str(seat) if kind == MUTEX else f"{kind}.{seat}"
 
 
 def limit_of(kind: str) -> int:

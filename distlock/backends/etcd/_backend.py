@@ -2,9 +2,10 @@
 
 It talks gRPC itself through ``grpcio`` (``_channels``) and takes only the generated protobuf messages and service
 stubs from ``python3-etcd3`` (``etcd3.etcdrpc``); every request is built from messages. The queue is etcd's Go
-``concurrency.Mutex``: each join puts a key ``<prefix>/<escaped name>/[<kind>.]<lease hex>-<nonce>`` on its lease,
-the oldest create revision holds and is the token, and a waiter watches only the key it waits on (``_watch``); the
-grant rule of semaphores and read/write locks is ``_shape``'s. A join's transaction puts its key only if no key of
+``concurrency.Mutex``: each join puts a key ``<prefix>/<escaped name>/[<kind>.]<lease hex>-<seat>`` on its lease
+(a seat is reused from one acquisition to the next, so a lock's range holds few key names however often it is
+taken: ``Keeper.join_started``), the oldest create revision holds and is the token, and a waiter watches only the
+key it waits on (``_watch``); the grant rule of semaphores and read/write locks is ``_shape``'s. A join's transaction puts its key only if no key of
 another family is queued, so a join of another kind raises ``LockKindMismatch`` having put nothing. A record
 (``write_record``) is the key ``<prefix>/<escaped name>``, put only while the writer's key keeps its revision.
 The key layout, the races and why each step is safe: docs/operations/etcd.md ("How it works").
@@ -155,9 +156,10 @@ class EtcdBackend:
         return self._prefix + escape_name(name).encode("utf-8") + b"/"
 
     def _key(self, name: str, lease_id: int, nonce: str) -> bytes:
-        """The key a join makes: ``<lease hex>-<nonce>`` for a lock; for the other kinds the kind comes first,
-        ``<kind>.<lease hex>-<rest>``, so that a read/write lock's writers share the range ``w.`` (a reader reads
-        only the last writer ahead of it)."""
+        """The key a join makes: ``<lease hex>-<seat>`` for a lock; for the other kinds the kind comes first,
+        ``<kind>.<lease hex>-<seat>``, so that a read/write lock's writers share the range ``w.`` (a reader reads
+        only the last writer ahead of it). Clients before seats put 16 random hex digits where the seat is: the
+        same ranges, the same order by create revision, so both queue together."""
         kind = kind_of(nonce)
         if kind == MUTEX:
             return self._lock_prefix(name) + f"{lease_id:x}-{nonce}".encode("ascii")
@@ -416,6 +418,8 @@ class EtcdBackend:
         return Head(Ticket(name=name, key=bytes(kv.key), token=token, lease_id=lease_id), holder)
 
     def discard(self, name: str, lease: Lease, nonce: str) -> int | None:
+        # The keeper asks this only of a retired seat, which no join of ours takes again: a key found there is the
+        # stray join's or its late copy's, never a live waiter's (docs/operations/etcd.md, "How it works").
         key = self._key(name, lease.id, nonce)
         response, _ = self._channels.unary(
             f"look for a late join of lock {name!r}", "Range", etcdrpc.RangeRequest(key=key)
@@ -428,8 +432,8 @@ class EtcdBackend:
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One LeaseTimeToLive with keys=True names every key on the lease (waiters' too), whatever the number of
-        # locks held: cheaper than a read per lock. A key name is never reused (each joins with a fresh nonce), so
-        # a held key that is not on its lease any more was deleted.
+        # locks held: cheaper than a read per lock. A held ticket keeps its seat, so no other join of ours makes its
+        # key while it is held: a held key that is not on its lease any more was deleted.
         if not tickets:
             return []
         lease_id = tickets[0].lease_id

@@ -188,7 +188,8 @@ class ZooKeeperBackend:
 
         def request(each: Attempt) -> tuple[str, Any]:
             if each.number > 1:
-                # The earlier attempt may have made our node: take it rather than make a second one.
+                # The earlier attempt may have made our node: take it rather than make a second one. A nonce is a
+                # seat, reused by every session (``Keeper.join_started``): ours is the node of our nonce on our lease.
                 try:
                     children = self._sessions.answer(client.get_children_async(parent), each, client)
                 except kz.NoNodeError:
@@ -196,7 +197,7 @@ class ZooKeeperBackend:
                 for child in children:
                     if child.startswith(f"{nonce}-") and sequence(child) >= 0:
                         stat = self._sessions.answer(client.exists_async(f"{parent}/{child}"), each, client)
-                        if stat is not None:
+                        if stat is not None and int(stat.ephemeralOwner) == lease_id:
                             return f"{parent}/{child}", stat
             path, stat = self._sessions.answer(
                 client.create_async(
