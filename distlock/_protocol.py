@@ -3,7 +3,7 @@
 The algorithm (``_lock``: queueing, waiting, timeouts, release, force release, hand-over) and the session keeper
 (``_session``: lease refresh, lost-lock deadlines, strays) are written once above :class:`Backend`. A backend grants,
 refreshes and revokes *leases* (a crashed client's keys vanish with its lease); joins a lock's FIFO queue
-(idempotently per lease and nonce); says where a ticket stands and waits for the entry ahead; removes a ticket only if it is
+(idempotent per lease and nonce); says where a ticket stands, waits for the one ahead; removes a ticket only if it is
 still that ticket; names a lock's head; finds held tickets that vanished while their lease lived; removes what a late
 copy of a retried join left. A ticket at the head holds, and its ``token`` strictly increases from one holder of a
 name to the next across client and server restarts. Semaphores and read/write locks share the queue: each entry's

@@ -1,15 +1,15 @@
 """Sessions: one lease per client and TTL, kept alive by one background thread, and the deadline that says "lost".
 
 Every lock a client takes with the same TTL hangs on one lease, refreshed every third of the TTL the server *granted*
-(at least :data:`MIN_TTL`, one second). The keeper keeps a deadline per lease on the boot-time clock: the time the
-last successful refresh was **sent** plus the granted TTL, less a margin. When a refresh answers "lease gone" or the
-deadline passes, the session is *lost* for good: its held locks are marked lost, its waiters woken to queue again on a
-new lease, and the lease revoked, best effort. A second thread, the *cleaner*, does everything else that talks to the
-server or runs user code (revokes, ``max_hold`` removals, orphan deletions, ``on_lost`` callbacks, the check after
-each refresh that held tickets are still there, and the sweep of *strays*, tickets a late copy of a retried join may
-make), so nothing slow stands between a lease and its next refresh. A join's nonce is a *seat* of its session, reused
-once its ticket is gone (``Keeper.join_started``), so a lock's keys do not pile up with its acquisitions. Why each of these exists: docs/design.md,
-"The session keeper".
+(at least :data:`MIN_TTL`, one second). The keeper keeps a deadline per lease on the boot-time clock: the time the last
+successful refresh was **sent** plus the granted TTL, less a margin. When a refresh answers "lease gone" or the deadline
+passes, the session is *lost* for good: its held locks are marked lost, its waiters woken to queue again on a new lease,
+and the lease revoked, best effort. A second thread, the *cleaner*, does everything else that talks to the server or
+runs user code (revokes, ``max_hold`` removals, orphan deletions, ``on_lost`` callbacks, the check after each refresh
+that held tickets are still there, and the sweep of *strays*, tickets a late copy of a retried join may make), so
+nothing slow stands between a lease and its next refresh. A join's nonce is a *seat* of its session, reused once its
+ticket is gone (``Keeper.join_started``), so a lock's keys do not pile up with its acquisitions. Why each of these
+exists: docs/design.md, "The session keeper".
 
 What can go wrong: neither thread dies of an exception: one that escapes is logged (logger ``distlock``) and the
 thread goes on; the deadline still decides when a session is lost. A slow ``on_lost`` delays the clean-up queued

@@ -7,7 +7,11 @@ cluster with the leader frozen for 3 s: every waiter timed out behind such a key
 
 These tests replay the late copy by hand (the same join, sent again after the lock is done with it) on a real
 server, and check that the next waiter still gets the lock: the keeper finds the key and removes it. With the sweep
-turned off (``Keeper._sweep_strays`` a no-op) both fail: the other client's acquire times out.
+turned off (``Keeper._sweep_strays`` a no-op) the first two fail: the other client's acquire times out.
+
+A join's nonce is a seat its session reuses from one acquisition to the next (``Keeper.join_started``), so the key
+of a stray must never be the key of a later acquisition: a seat that had a stray is retired, and the sweep removes
+only the stray's key, never the live one of the acquisition after it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _support import wait_until
 
 import distlock
 
@@ -98,3 +103,44 @@ def test_a_join_answered_at_once_is_never_looked_for(
     session = client._keeper.session(TTL)
     assert session.strays == []
     assert looked == []
+
+
+def test_a_seat_that_had_a_stray_is_never_reused_and_the_sweep_takes_only_the_stray(
+    client: distlock.Client, backend_url: str, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _record_joins(client, monkeypatch, lambda result: (dataclasses.replace(result[0], resent=True), result[1]))
+    first = client.lock(lock_name, ttl=TTL)
+    assert first.acquire(timeout=5)
+    stray_key = first._ticket.key  # type: ignore[union-attr]
+    first.release()
+
+    # The next acquisition on this session takes another seat, so another key: seat 0 had a stray.
+    monkeypatch.undo()
+    second = client.lock(lock_name, ttl=TTL)
+    assert second.acquire(timeout=5)
+    assert second._ticket is not None and second._ticket.key != stray_key
+
+    # The late copy of the first join arrives while the second holds: it queues behind it, under the stray's key.
+    ghost, position = client._backend.enqueue(*calls[0])
+    assert ghost.key == stray_key and not position.held
+    wait_until(lambda: client._backend.position(ghost).gone, 15, "the sweep to remove the late copy's key")
+
+    # The sweep took the stray's key only: the live holder still holds, under the newest token.
+    second.ensure_held(verify=True)
+    holder = client.holder(lock_name)
+    assert holder is not None and holder.token == second.token and holder.waiters == 0
+    token = second.token
+    second.release()
+    _next_waiter_gets_it(backend_url, lock_name, after=token)
+
+
+def test_a_seat_is_reused_once_its_key_is_gone_and_tokens_keep_increasing(
+    client: distlock.Client, lock_name: str
+) -> None:
+    keys, tokens = [], []
+    for _ in range(5):
+        with client.lock(lock_name, ttl=TTL) as lock:
+            keys.append(lock._ticket.key)  # type: ignore[union-attr]
+            tokens.append(lock.token)
+    assert len(set(keys)) == 1, "a re-acquire after release takes the same seat, so the same key"
+    assert tokens == sorted(set(tokens))

@@ -1,13 +1,13 @@
 """The etcd backend: the primitives of ``_protocol.Backend`` over etcd's v3 gRPC API.
 
-It talks gRPC itself through ``grpcio`` (``_channels``) and takes only the generated protobuf messages and service
-stubs from ``python3-etcd3`` (``etcd3.etcdrpc``); every request is built from messages. The queue is etcd's Go
-``concurrency.Mutex``: each join puts a key ``<prefix>/<escaped name>/[<kind>.]<lease hex>-<seat>`` on its lease
-(a seat is reused from one acquisition to the next, so a lock's range holds few key names however often it is
-taken: ``Keeper.join_started``), the oldest create revision holds and is the token, and a waiter watches only the
-key it waits on (``_watch``); the grant rule of semaphores and read/write locks is ``_shape``'s. A join's transaction puts its key only if no key of
-another family is queued, so a join of another kind raises ``LockKindMismatch`` having put nothing. A record
-(``write_record``) is the key ``<prefix>/<escaped name>``, put only while the writer's key keeps its revision.
+It talks gRPC itself through ``grpcio`` (``_channels``) and takes only the generated protobuf messages and service stubs
+from ``python3-etcd3`` (``etcd3.etcdrpc``); every request is built from messages. The queue is etcd's Go
+``concurrency.Mutex``: each join puts a key ``<prefix>/<escaped name>/[<kind>.]<lease hex>-<seat>`` on its lease (a seat
+is reused from one acquisition to the next, so a lock's range holds few key names however often it is taken:
+``Keeper.join_started``), the oldest create revision holds and is the token, and a waiter watches only the key it waits
+on (``_watch``); the grant rule of semaphores and read/write locks is ``_shape``'s. A join's transaction puts its key
+only if no key of another family is queued, so a join of another kind raises ``LockKindMismatch`` having put nothing. A
+record (``write_record``) is the key ``<prefix>/<escaped name>``, put only while the writer's key keeps its revision.
 The key layout, the races and why each step is safe: docs/operations/etcd.md ("How it works").
 
 What can go wrong: members unreachable, frozen or between leaders (retried on another member, then
