@@ -10,6 +10,11 @@ timeout) of one etcd binary, and its faults:
 - ``cluster-restart``: SIGKILL every member, then start them all again.
 - ``holder-pause``: as on every service (``_nemesis``).
 
+The keys are docs/operations/etcd.md's: a join puts ``<lease hex>-<seat>``, and each worker puts the same key at
+every acquisition (its lease's seat 0), so every case runs on reused keys. A join retried across a fault (a frozen or
+killed leader, a partition) retires its seat: the worker's next acquisitions use the next seat, and the late-join
+sweep removes a late copy of the retried join under the retired one.
+
 Partitions use nftables (as root; Debian's ``nftables`` package) on loopback, no namespaces and no new addresses:
 every process is told apart by its group id, which is all ``meta skgid`` can see of a packet's sender. Worker 0
 runs with group `CLIENT_GID` (the runner starts it so), and each etcd member with group ``MEMBER_GID + index``:
