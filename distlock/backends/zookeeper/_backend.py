@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ... import _clock
-from ..._errors import BackendError, BackendUnavailable, ConfigurationError, LockKindMismatch
+from ..._errors import BackendError, BackendUnavailable, ClientClosed, ConfigurationError, LockKindMismatch
 from ..._names import escape_name, unescape_name
 from ..._protocol import (
     Head,
@@ -169,16 +169,17 @@ class ZooKeeperBackend:
         return ttl
 
     def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
-        if not self._sessions.close_lease(lease.id):  # closing our own session deletes its nodes
+        closed = self._sessions.close_lease(lease.id)  # closing our own session deletes its nodes
+        if closed is None:
             # Another client's session (an operator's revoke): only its owner can close it, so delete its nodes
             # (and each lock's node left empty, as every delete of an entry does).
             self._delete_nodes_of(lease.id)
-            return
-        if tickets:
-            # The closed session's entries are gone; their locks' nodes left empty go too. Should this fail, the
-            # server's container check removes them (the session's close was what mattered).
+        elif closed and tickets:
+            # The closed session's entries are gone; their locks' nodes left empty go too. A session closed while
+            # cut off keeps its entries until it expires: the server's container check removes those lock nodes,
+            # as it does when this fails (the session's close was what mattered).
             lock_nodes = sorted({ticket.key.decode("utf-8").rpartition("/")[0] for ticket in tickets})
-            with contextlib.suppress(BackendError):
+            with contextlib.suppress(BackendError, ClientClosed):
                 self._sessions.prune(self._sessions.main(), lock_nodes, f"revoke lease {lease.id:x}")
 
     def _delete_nodes_of(self, lease_id: int) -> None:

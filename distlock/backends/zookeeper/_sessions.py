@@ -189,15 +189,18 @@ class Sessions:
             raise ClientClosed(f"the distlock client for {self.description} is closed")
         return Lease(id=session_id, ttl=granted)
 
-    def close_lease(self, lease_id: int) -> bool:
-        """Close ``lease_id``'s session (deleting its nodes); False when it is not one of ours."""
+    def close_lease(self, lease_id: int) -> bool | None:
+        """Close ``lease_id``'s session (deleting its nodes); None when it is not one of ours, else whether its
+        nodes are known gone: it had expired, or its client was connected to close it (not cut off)."""
         with self._mutex:
             client = self._leases.pop(lease_id, None)
+            expired = lease_id in self._expired
             self._expired.discard(lease_id)
         if client is None:
-            return False
+            return None
+        gone = expired or client.client_id is None or client.client_id[0] != lease_id or bool(client.connected)
         self.close_within([client], self.request_timeout)
-        return True
+        return gone
 
     def ttl_left(self, session_id: int) -> float | None:
         """The time left of one of our own sessions while it is connected: its whole timeout, which the server

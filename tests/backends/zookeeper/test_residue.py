@@ -131,6 +131,15 @@ def test_a_session_closed_from_outside_leaves_nothing(
         wait_until(lambda: znodes_under(zk, root) == [], 30, "the lost lock's node to go")
 
 
+def test_a_force_release_leaves_nothing(zookeeper_url: str, zk: KazooClient, chroot: str, lock_name: str) -> None:
+    url = f"{zookeeper_url}/{chroot}"
+    with distlock.connect(url) as holder_client, distlock.connect(url) as operator:
+        lock = holder_client.lock(lock_name, ttl=10)
+        assert lock.acquire()
+        assert operator.force_release(lock_name, lock.token)
+        assert znodes_under(zk, f"/{chroot}/distlock") == []
+
+
 def test_a_join_racing_the_lock_nodes_removal_makes_it_again_and_queues_once(
     zookeeper_url: str, zk: KazooClient, chroot: str, lock_name: str
 ) -> None:
