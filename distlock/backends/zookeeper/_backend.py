@@ -3,10 +3,14 @@
 ZooKeeper's own lock recipe, with a fencing token: a lease is a session (``_sessions``); a join is an EPHEMERAL
 SEQUENTIAL node ``/<chroot>/<prefix>/<escaped name>/<nonce>-<sequence>`` on its lease's session, the lowest sequence
 holds, and its creation zxid (``czxid``) is the token. A waiter watches only the node it waits on (the one ahead; a
-reader's newest writer ahead), a semaphore waiter the list of children; the grant rule is ``_shape``'s. A lock's
-record is the data of the lock's own node, set in one multi-op with a check of the writer's node. Releases are
-version-checked deletes of the ticket's own path; a retried join first looks for its nonce, so it never queues twice,
-and ``discard`` removes a node a late copy made. How it maps onto ZooKeeper: docs/operations/zookeeper.md.
+reader's newest writer ahead), a semaphore waiter the list of children; the grant rule is ``_shape``'s. The lock's
+own node is a CONTAINER that a join makes when missing; every delete of an entry also deletes it when left empty
+(a revoke, those of the closed session's entries), and the server reclaims one a dead session left: nothing stays
+per name. Sequence numbers start again with each new lock node: they order one queue, the zxid every holder of a
+name. A lock's record is the data of the lock's own node, set in one multi-op with a check of the writer's node,
+and pinned by an empty child. Releases are version-checked deletes of the ticket's own path; a retried join first
+looks for its nonce, so it never queues twice, and ``discard`` removes a node a late copy made. How it maps onto
+ZooKeeper: docs/operations/zookeeper.md.
 
 What can go wrong: servers down or between leaders (retried until ``request_timeout``, then ``BackendUnavailable``);
 a session the ensemble expired (``LeaseGone`` for a join on it; ``keep_alive`` reports it gone and the core declares
@@ -17,6 +21,7 @@ left only for this client's own sessions: ZooKeeper does not tell one session an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
@@ -24,7 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ... import _clock
-from ..._errors import BackendUnavailable, ConfigurationError, LockKindMismatch
+from ..._errors import BackendError, BackendUnavailable, ClientClosed, ConfigurationError, LockKindMismatch
 from ..._names import escape_name, unescape_name
 from ..._protocol import (
     Head,
@@ -51,7 +56,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
         "the ZooKeeper backend needs the 'zookeeper' extra: pip install 'distlock-fenced[zookeeper]' (kazoo)"
     ) from _e
 
-from ._sessions import Sessions, queue_order, sequence
+from ._sessions import RECORD_PIN, Sessions, queue_order, sequence
 
 __all__ = ["ZooKeeperBackend"]
 
@@ -164,9 +169,18 @@ class ZooKeeperBackend:
         return ttl
 
     def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
-        if not self._sessions.close_lease(lease.id):  # closing our own session deletes its nodes
-            # Another client's session (an operator's revoke): only its owner can close it, so delete its nodes.
+        closed = self._sessions.close_lease(lease.id)  # closing our own session deletes its nodes
+        if closed is None:
+            # Another client's session (an operator's revoke): only its owner can close it, so delete its nodes
+            # (and each lock's node left empty, as every delete of an entry does).
             self._delete_nodes_of(lease.id)
+        elif closed and tickets:
+            # The closed session's entries are gone; their locks' nodes left empty go too. A session closed while
+            # cut off keeps its entries until it expires: the server's container check removes those lock nodes,
+            # as it does when this fails (the session's close was what mattered).
+            lock_nodes = sorted({ticket.key.decode("utf-8").rpartition("/")[0] for ticket in tickets})
+            with contextlib.suppress(BackendError, ClientClosed):
+                self._sessions.prune(self._sessions.main(), lock_nodes, f"revoke lease {lease.id:x}")
 
     def _delete_nodes_of(self, lease_id: int) -> None:
         """Delete every waiter's node under this prefix that lives on session ``lease_id`` (one read per lock)."""
@@ -199,13 +213,7 @@ class ZooKeeperBackend:
                         stat = self._sessions.answer(client.exists_async(f"{parent}/{child}"), each, client)
                         if stat is not None and int(stat.ephemeralOwner) == lease_id:
                             return f"{parent}/{child}", stat
-            path, stat = self._sessions.answer(
-                client.create_async(
-                    f"{parent}/{nonce}-", owner, ephemeral=True, sequence=True, makepath=True, include_data=True
-                ),
-                each,
-            )
-            return str(path), stat
+            return self._sessions.join(client, parent, f"{nonce}-", owner, each)
 
         (path, stat), attempts = self._sessions.call(what, request)
         if int(stat.ephemeralOwner) != lease_id:
@@ -279,16 +287,24 @@ class ZooKeeperBackend:
         )
 
     def write_record(self, ticket: Ticket, value: bytes) -> bool:
-        # One multi-op: the ticket's node still exists (version 0: it is never written after it is made) and the
-        # lock's own node takes the value. A session the ensemble expired has had its nodes deleted, so a holder
-        # frozen past its session timeout is refused even before anyone else holds.
+        # One multi-op: the ticket's node still exists (version 0: it is never written after it is made), the
+        # lock's own node takes the value, and, the first time, gets the pin that keeps it once its queue is empty.
+        # A session the ensemble expired has had its nodes deleted, so a holder frozen past its session timeout is
+        # refused even before anyone else holds.
         what = f"write the record of lock {ticket.name!r}"
+
+        lock_node = self._lock_path(ticket.name)
+        pin = f"{lock_node}/{RECORD_PIN}"
 
         def request(client: KazooClient) -> bool:
             def attempt(each: Attempt) -> bool:
+                # The holder is the only writer, and nothing of ours removes a pin: one made is there to stay.
+                pinned = self._sessions.answer(client.exists_async(pin), each, client) is not None
                 transaction = client.transaction()
                 transaction.check(ticket.key.decode("utf-8"), 0)
-                transaction.set_data(self._lock_path(ticket.name), value)
+                transaction.set_data(lock_node, value)
+                if not pinned:
+                    transaction.create(pin)
                 results = self._sessions.answer(transaction.commit_async(), each, client)
                 return not any(isinstance(result, Exception) for result in results)
 

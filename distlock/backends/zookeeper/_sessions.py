@@ -5,7 +5,11 @@ negotiates it): ZooKeeper ties an ephemeral node to the session that made it and
 opens, so revoking one lease closes one session. The backend's own session, opened on first use, reads holders,
 lists locks and deletes others' nodes. A ticket's place is read on its own session, which sees its own writes.
 ``call`` runs a request until it answers or ``request_timeout`` passes, each attempt waiting for kazoo's answer
-(``answer``) only until the attempt's deadline.
+(``answer``) only until the attempt's deadline. The layout's writes live here too: ``join`` makes a lock's node (a
+CONTAINER: kazoo has no call for one, so ``make_lock_node`` sends ZooKeeper's own request) and an entry in it in one
+flight, making the lock's node again when it was removed between the two; ``delete`` removes an entry and then its
+lock's node, if that was the last entry and holds no record (``prune``). Why that is race-free:
+docs/operations/zookeeper.md, "What stays behind".
 
 What can go wrong: no server answers (``BackendUnavailable``, kazoo's exception as ``__cause__``); a lease's session
 expired or closed by a revoke (``LeaseGone``); an ACL that refuses us (``AuthenticationFailed``); a closed client
@@ -16,6 +20,7 @@ the next one and the request is sent again on it. Every session is a TCP connect
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -23,13 +28,15 @@ from typing import Any, TypeVar
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import Create2
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from ... import _clock
 from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ClientClosed
 from ..._protocol import Lease, LeaseGone, Ticket
 from ..._retry import Attempt, ErrorTable, retrying
 
-__all__ = ["Sessions", "queue_order", "sequence"]
+__all__ = ["RECORD_PIN", "Sessions", "queue_order", "sequence"]
 
 _R = TypeVar("_R")
 
@@ -37,6 +44,20 @@ _R = TypeVar("_R")
 _LONGEST_TIMEOUT = (2**31 - 1) / 1000
 
 _RETRYABLE: tuple[type[Exception], ...] = (kz.ConnectionLoss, kz.OperationTimeoutError, KazooTimeoutError)
+
+#: The empty PERSISTENT child that keeps a lock's node whose record was written: the server reclaims an empty
+#: CONTAINER whatever its data. Not an entry (no sequence number), so no reader of the queue counts it.
+RECORD_PIN = "record"
+
+#: ``CreateMode.CONTAINER``'s flag, sent with ZooKeeper's ``createContainer`` request (a ``create`` with this flag
+#: makes a plain PERSISTENT node).
+_CONTAINER = 4
+
+
+class _CreateContainer(Create2):  # type: ignore[misc]  # kazoo is untyped
+    """ZooKeeper's ``createContainer`` request (opcode 19, since 3.5.3): a ``create2``'s body and answer."""
+
+    type = 19
 
 
 class _MainSessionRenewing(Exception):
@@ -168,15 +189,18 @@ class Sessions:
             raise ClientClosed(f"the distlock client for {self.description} is closed")
         return Lease(id=session_id, ttl=granted)
 
-    def close_lease(self, lease_id: int) -> bool:
-        """Close ``lease_id``'s session (deleting its nodes); False when it is not one of ours."""
+    def close_lease(self, lease_id: int) -> bool | None:
+        """Close ``lease_id``'s session (deleting its nodes); None when it is not one of ours, else whether its
+        nodes are known gone: it had expired, or its client was connected to close it (not cut off)."""
         with self._mutex:
             client = self._leases.pop(lease_id, None)
+            expired = lease_id in self._expired
             self._expired.discard(lease_id)
         if client is None:
-            return False
+            return None
+        gone = expired or client.client_id is None or client.client_id[0] != lease_id or bool(client.connected)
         self.close_within([client], self.request_timeout)
-        return True
+        return gone
 
     def ttl_left(self, session_id: int) -> float | None:
         """The time left of one of our own sessions while it is connected: its whole timeout, which the server
@@ -290,16 +314,86 @@ class Sessions:
         stat, _ = self.call(what, request)
         return stat
 
+    def make_lock_node(self, client: KazooClient, path: str) -> Any:
+        """Send the request that makes the lock's node ``path`` as an empty CONTAINER; kazoo's async result of it
+        (``NodeExistsError`` when it exists, ``NoNodeError`` when the prefix's node does not).
+
+        Through kazoo's private ``_call`` (2.10 and later have it; every join passes here, so any lock test catches
+        a kazoo that changed it). Our sessions have no kazoo chroot (the URL's is in every path): ``path`` goes as is.
+        """
+        result = client.handler.async_result()
+        client._call(_CreateContainer(path, b"", client.default_acl or OPEN_ACL_UNSAFE, _CONTAINER), result)
+        return result
+
+    def join(self, client: KazooClient, lock_node: str, entry: str, data: bytes, each: Attempt) -> tuple[str, Any]:
+        """Make the EPHEMERAL SEQUENTIAL node ``<lock_node>/<entry><sequence>`` with ``data``, and ``lock_node``
+        first when it is missing; its path and ``ZnodeStat``.
+
+        Both creates go out in one flight, and ZooKeeper applies a session's requests in order. The lock's node may
+        be removed between the two (the last entry of its previous queue pruned it, or the server's container check
+        did): the entry's create then fails with ``NoNodeError``, having made nothing, and both are sent again. A
+        missing prefix node is made (PERSISTENT, with kazoo's ``ensure_path``) before they are.
+        """
+        while True:
+            made = self.make_lock_node(client, lock_node)
+            created = client.create_async(
+                f"{lock_node}/{entry}", data, ephemeral=True, sequence=True, include_data=True
+            )
+            prefix_missing = False
+            try:
+                self.answer(made, each, client)
+            except kz.NodeExistsError:
+                pass
+            except kz.NoNodeError:
+                prefix_missing = True
+            try:
+                path, stat = self.answer(created, each, client)
+            except kz.NoNodeError:
+                if prefix_missing:
+                    self.answer(client.ensure_path_async(lock_node.rpartition("/")[0]), each, client)
+                if each.timeout <= 0:
+                    raise KazooTimeoutError(f"{lock_node} was removed under every join until the deadline") from None
+                continue
+            return str(path), stat
+
     def delete(self, client: KazooClient, path: str, what: str) -> bool:
-        """Delete the waiter's node ``path`` (at version 0: it is never written after it is made); False when it
-        was gone already."""
+        """Delete the waiter's node ``path`` (at version 0: it is never written after it is made), and then its
+        lock's node if that is left empty (``prune``); False when ``path`` was gone already."""
+        lock_node = path.rpartition("/")[0]
 
         def request(each: Attempt) -> bool:
+            # One flight: the lock's node is deleted after the entry, or refused while other entries remain.
+            deleted, pruned = client.delete_async(path, version=0), client.delete_async(lock_node, version=0)
             try:
-                self.answer(client.delete_async(path, version=0), each, client)
+                self.answer(deleted, each, client)
+                found = True
             except kz.NoNodeError:
-                return False
-            return True
+                found = False
+            self._pruned(client, lock_node, pruned, each)
+            return found
 
         deleted, attempts = self.call(what, request)
         return deleted or attempts > 1  # a retried delete whose first attempt landed finds nothing: done
+
+    def prune(self, client: KazooClient, lock_nodes: Sequence[str], what: str) -> None:
+        """Delete each of ``lock_nodes`` that has no entry left and no record (every delete in one flight)."""
+
+        def request(each: Attempt) -> None:
+            results = [(lock_node, client.delete_async(lock_node, version=0)) for lock_node in lock_nodes]
+            for lock_node, result in results:
+                self._pruned(client, lock_node, result, each)
+
+        self.call(what, request)
+
+    def _pruned(self, client: KazooClient, lock_node: str, result: Any, each: Attempt) -> None:
+        """Wait for the version-checked delete of ``lock_node``: refused while an entry or the record's pin is in
+        it (``NotEmptyError``) or once a record was written (``BadVersionError``: version 0 is a node never
+        written); ``NoNodeError`` when another prune or the server's container check removed it first."""
+        try:
+            self.answer(result, each, client)
+        except (kz.NotEmptyError, kz.NoNodeError):
+            pass
+        except kz.BadVersionError:
+            # A record without its pin: an older distlock wrote it. Pin it now, before the server reclaims it.
+            with contextlib.suppress(kz.NodeExistsError, kz.NoNodeError):
+                self.answer(client.create_async(f"{lock_node}/{RECORD_PIN}"), each, client)
