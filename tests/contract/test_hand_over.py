@@ -50,6 +50,7 @@ def test_a_waiter_queued_before_the_successor_runs_first_and_nobody_finds_the_lo
 ) -> None:
     old = client.lock(lock_name, ttl=TTL)
     assert old.acquire()
+    old_token = old.token  # read now: once its key goes, the old handle has no token (its next check sees that)
     old.hand_over(60)
     stranger = successor.lock(lock_name, ttl=TTL)
     got: list[int] = []
@@ -62,10 +63,10 @@ def test_a_waiter_queued_before_the_successor_runs_first_and_nobody_finds_the_lo
     thread.start()
     wait_until(lambda: queued(client, lock_name, 1), 10, "the stranger to queue")
     new = successor.lock(lock_name, ttl=TTL)
-    taken = threading.Thread(target=lambda: new.take_over(old.token, timeout=30))
+    taken = threading.Thread(target=lambda: new.take_over(old_token, timeout=30))
     taken.start()
     thread.join(10)
-    assert got and got[0] > old.token  # the stranger got it straight from the old holder, and the successor had
+    assert got and got[0] > old_token  # the stranger got it straight from the old holder, and the successor had
     assert queued(client, lock_name, 1)  # queued before the old key went: the lock was never free in between
     stranger.release()
     taken.join(10)

@@ -1,7 +1,7 @@
 """The ZooKeeper backend: the primitives of ``_protocol.Backend`` over ZooKeeper, through kazoo.
 
 ZooKeeper's own lock recipe, with a fencing token: a lease is a session (``_sessions``); a join is an EPHEMERAL
-SEQUENTIAL node ``/<chroot>/<prefix>/<escaped name>/<nonce>-<sequence>`` on its lease's session, the lowest sequence
+SEQUENTIAL node ``/<chroot>/<prefix>/<escaped name>/<nonce>-<lease hex>-<sequence>`` on its lease's session, the lowest sequence
 holds, and its creation zxid (``czxid``) is the token. A waiter watches only the node it waits on (the one ahead; a
 reader's newest writer ahead), a semaphore waiter the list of children; the grant rule is ``_shape``'s. The lock's
 own node is a CONTAINER that a join makes when missing; every delete of an entry also deletes it when left empty
@@ -80,6 +80,18 @@ def _position_in(parent: str, queue: Sequence[str], index: int) -> Position:
     if ahead is None:
         return SemaphorePosition(held=False, waiters_ahead=index, queue_ahead=tuple(queue[:index]))
     return Position(held=False, ahead=f"{parent}/{queue[ahead]}".encode(), waiters_ahead=index)
+
+
+def _entry_prefix(nonce: str, lease_id: int) -> str:
+    """What the name of a join's node starts with: ``<nonce>-<lease hex>-`` (ZooKeeper appends the sequence).
+
+    A nonce is a seat, reused by every session and by the next join of the same seat (``Keeper.join_started``),
+    and the sequence starts again at 0 in a lock node made again after its removal: without the lease, a path could
+    name a node of another session in a later life of the lock node, and a retried version-checked delete (every
+    entry has version 0) would remove it. With it, a path is reused only by its own session's next join of the
+    seat, which starts after that seat's delete is known done.
+    """
+    return f"{nonce}-{lease_id:x}-"
 
 
 class ZooKeeperBackend:
@@ -199,21 +211,23 @@ class ZooKeeperBackend:
         client = self._sessions.of_lease(lease_id)
         parent = self._lock_path(name)
         what = f"enqueue for lock {name!r}"
+        entry = _entry_prefix(nonce, lease_id)
 
         def request(each: Attempt) -> tuple[str, Any]:
             if each.number > 1:
-                # The earlier attempt may have made our node: take it rather than make a second one. A nonce is a
-                # seat, reused by every session (``Keeper.join_started``): ours is the node of our nonce on our lease.
+                # The earlier attempt may have made our node: take it rather than make a second one (its name starts
+                # with our entry's prefix; ``_entry_prefix`` says why the lease is in it, the owner check is kazoo's
+                # session replacement below).
                 try:
                     children = self._sessions.answer(client.get_children_async(parent), each, client)
                 except kz.NoNodeError:
                     children = []
                 for child in children:
-                    if child.startswith(f"{nonce}-") and sequence(child) >= 0:
+                    if child.startswith(entry) and sequence(child) >= 0:
                         stat = self._sessions.answer(client.exists_async(f"{parent}/{child}"), each, client)
                         if stat is not None and int(stat.ephemeralOwner) == lease_id:
                             return f"{parent}/{child}", stat
-            return self._sessions.join(client, parent, f"{nonce}-", owner, each)
+            return self._sessions.join(client, parent, entry, owner, each)
 
         (path, stat), attempts = self._sessions.call(what, request)
         if int(stat.ephemeralOwner) != lease_id:
@@ -358,7 +372,7 @@ class ZooKeeperBackend:
         what = f"look for a late join of lock {name!r}"
         self._sessions.call(what, lambda each: self._sessions.answer(client.sync_async(parent), each, client))
         for child in self._sessions.children(client, parent, what):
-            if child.startswith(f"{nonce}-"):
+            if child.startswith(_entry_prefix(nonce, lease.id)):
                 stat = self._sessions.stat(client, f"{parent}/{child}", what)
                 if stat is not None and int(stat.ephemeralOwner) == lease.id:
                     self._sessions.delete(client, f"{parent}/{child}", what)

@@ -69,7 +69,7 @@ def _retryable(error: Exception) -> bool:
 
 
 def sequence(child: str) -> int:
-    """The sequence number ZooKeeper appended to a waiter's node name (``<nonce>-0000000042`` -> 42)."""
+    """The sequence number ZooKeeper appended to a waiter's node name (``<nonce>-<lease hex>-0000000042`` -> 42)."""
     _, _, number = child.rpartition("-")
     return int(number) if number.isdigit() else -1
 

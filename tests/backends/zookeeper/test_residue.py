@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from _support import Worker, wait_until
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 import distlock
 from distlock.testing import ZooKeeperServer
@@ -28,9 +29,14 @@ _QUICK_CONTAINER_CHECK = "-Dznode.container.checkIntervalMs=100"
 
 
 def znodes_under(zk: KazooClient, path: str) -> list[str]:
-    """Every znode below ``path`` (not ``path`` itself), depth first; none when ``path`` does not exist."""
+    """Every znode below ``path`` (not ``path`` itself), depth first; none when ``path`` does not exist (or stops
+    existing while it is read: the server's container check may remove a node between two reads)."""
+    try:
+        children = zk.get_children(path)
+    except NoNodeError:
+        return []
     found = []
-    for child in zk.get_children(path) if zk.exists(path) else []:
+    for child in children:
         found.append(f"{path}/{child}")
         found.extend(znodes_under(zk, f"{path}/{child}"))
     return found
@@ -188,6 +194,20 @@ def test_token_order_survives_the_lock_nodes_removal(
     assert tokens == sorted(set(tokens)), "tokens did not keep increasing across the lock node's removal"
     # The sequence numbers start again with every new lock node: they order a queue, never tokens.
     assert sequences == [["0000000000"]] * 5
+
+
+def test_no_path_names_two_sessions_entries_across_the_lock_nodes_lives(
+    zookeeper_url: str, zk: KazooClient, chroot: str, lock_name: str
+) -> None:
+    # Every client's first join of a name uses seat 0, and the sequence starts again at 0 in each new lock node: the
+    # lease in the name keeps two clients' entries apart, so a retried delete of one can never remove the other's.
+    parent = f"/{chroot}/distlock/{lock_name.replace('/', '%2F')}"
+    paths = []
+    for _ in range(2):
+        with distlock.connect(f"{zookeeper_url}/{chroot}") as client, client.lock(lock_name, ttl=10):
+            paths.append(zk.get_children(parent))
+        assert not zk.exists(parent)
+    assert len(paths[0]) == len(paths[1]) == 1 and paths[0] != paths[1]
 
 
 def test_an_elections_record_lives_on(zookeeper_url: str, zk: KazooClient, chroot: str, lock_name: str) -> None:
