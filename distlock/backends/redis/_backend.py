@@ -66,6 +66,12 @@ _EXPIRY_SLACK = 0.002
 #: Held entries checked by one script call at most: a client holding thousands of locks does not block Redis for
 #: one long script.
 _CHECK_BATCH = 500
+#: A lock's keys live this many lease TTLs (of the longest-lived caller) past the last script run for one of its
+#: entries: a join, a read of its place, the keeper's check of a held entry (every TTL/3). So a lock nobody touches
+#: again after its holder died is gone two to three TTLs after that holder's lease expired.
+QUEUE_LIVES = 3
+#: Dead entries of an earlier key layout at a queue's tail that a join removes at most (one by one) before it refuses.
+_OLD_DEAD_EVICTED = 16
 
 
 class RedisBackend:
@@ -236,22 +242,30 @@ class RedisBackend:
 
     def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         lease_id = lease.id
-        keys = self._keys.lock(name)
+        queue = self._keys.lock(name) + "q"
         member = member_of(lease_id, nonce)
         # A waiter's id is its nonce unless it was given an owner, and the host and pid are in its lease key's
         # value: only a given owner needs a record of its own.
         record = b"" if owner == owner_record(nonce) else owner
         prefix = self._lease_prefix
-        answer, attempts = ENQUEUE.run(
-            self._request,
-            f"enqueue for lock {name!r}",
-            self._own_lease((keys + "q", keys + "token", keys + "owners"), lease_id),
-            member,
-            record,
-            "",
-            prefix,
-            again=(member, record, "1", prefix),
-        )
+        want = _keys_life_ms(lease.ttl)
+        for _ in range(_OLD_DEAD_EVICTED):
+            answer, attempts = ENQUEUE.run(
+                self._request,
+                f"enqueue for lock {name!r}",
+                self._own_lease((queue,), lease_id),
+                member,
+                record,
+                "",
+                prefix,
+                want,
+                again=(member, record, "1", prefix, want),
+            )
+            if int(answer[1]) != 5:
+                break
+            self._evict_earlier_layout(name, bytes(answer[2]))
+        else:
+            raise self._earlier_layout(name, bytes(answer[2]))
         gone = LeaseGone(f"enqueue for lock {name!r}: the lease is gone on {self.description}")
         if int(answer[1]) == 3:
             raise gone
@@ -273,6 +287,24 @@ class RedisBackend:
             raise gone
         return ticket, position
 
+    def _evict_earlier_layout(self, name: str, member: bytes) -> None:
+        """The last entry of ``name``'s queue is an earlier client's (no layout mark): remove it if its lease is
+        gone (the join is then tried again), else refuse: both layouts in one queue are not safe (an earlier
+        client does not keep the lock's keys alive, which now expire)."""
+        key = self._keys.lease(lease_of(member))
+        pttl, _ = self._request(f"check an earlier client's entry on lock {name!r}", key, "PTTL", key)
+        if pttl != -2:
+            raise self._earlier_layout(name, member)
+        self._evict(name, member)
+
+    def _earlier_layout(self, name: str, member: bytes) -> ConfigurationError:
+        return ConfigurationError(
+            f"lock {name!r} is held or awaited by a distlock client of an earlier Redis key layout (queue member "
+            f"{member.decode('ascii', 'replace')!r} has no layout mark) on {self.description}: upgrade every client "
+            "that uses this Redis and key prefix before the new ones take its locks (stop the old ones, or let their "
+            "locks go): see docs/operations/redis.md, 'Upgrading'"
+        )
+
     def position(self, ticket: Ticket) -> Position:
         keys = self._keys.lock(ticket.name)
         answer, _ = POSITION.run(
@@ -282,6 +314,7 @@ class RedisBackend:
             ticket.key,
             ticket.token,
             self._lease_prefix,
+            _keys_life_ms(_lease_ttl(ticket)),
         )
         return self._checked(ticket, _position(answer))
 
@@ -295,7 +328,7 @@ class RedisBackend:
             return None
         # Every wait ends within our own TTL at the latest: an entry ahead removed by hand (no wake-up) costs
         # one TTL, not a hang.
-        own_ttl = ticket.lease_ttl if isinstance(ticket, _Entry) else 1.0
+        own_ttl = _lease_ttl(ticket)
         limit = min(math.inf if timeout is None else timeout, own_ttl)
         # On one server the script that placed us read the lease of the waiter ahead; on a Cluster it could not.
         pttl = position.ahead_ttl_ms if isinstance(position, _WaitingPosition) else _NOT_READ
@@ -401,13 +434,17 @@ class RedisBackend:
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One script over many queues on one server; a Cluster script may only touch one slot, and each lock's
         # keys have a slot of their own: there, one script per lock.
+        # The script also keeps the held locks' keys alive (they expire QUEUE_LIVES TTLs after the last touch) and
+        # moves a semaphore slot's or read/write lock entry's deadline: the tickets share one lease, hence one TTL.
         batch = 1 if self._target.one_slot_per_script else _CHECK_BATCH
+        ttl = max((_lease_ttl(ticket) for ticket in tickets), default=1.0)
+        lives = (_keys_life_ms(ttl), math.ceil(ttl * 1000))
         gone: list[Ticket] = []
         for start in range(0, len(tickets), batch):
             chunk = tickets[start : start + batch]
             keys = tuple(self._keys.lock(ticket.name) + "q" for ticket in chunk)
             args = [value for ticket in chunk for value in (ticket.key, ticket.token)]
-            answer, _ = MISSING.run(self._request, "check held locks", keys, *args)
+            answer, _ = MISSING.run(self._request, "check held locks", keys, *lives, *args)
             gone.extend(chunk[int(index) - 1] for index in answer)
         return gone
 
@@ -488,6 +525,16 @@ class _WaitingPosition(Position):
     expiry; ``_NOT_READ`` on a Cluster)."""
 
     ahead_ttl_ms: int = _NOT_READ
+
+
+def _lease_ttl(ticket: Ticket) -> float:
+    """The TTL of the lease ``ticket`` joined on (1 s for a ticket this backend did not make: a head read)."""
+    return ticket.lease_ttl if isinstance(ticket, _Entry) else 1.0
+
+
+def _keys_life_ms(ttl: float) -> int:
+    """How long a lock's keys must live at least past a script run for an entry whose lease has ``ttl`` seconds."""
+    return QUEUE_LIVES * max(math.ceil(ttl * 1000), 1)
 
 
 def _position(answer: list[Any]) -> Position:
