@@ -57,7 +57,6 @@ def member_of(lease_id: int, nonce: str) -> bytes:
     return f"{lease_id:x}-{LAYOUT_MARK}.{nonce}".encode("ascii")
 
 
-
 def lease_of(member: bytes) -> int:
     """The lease id in a queue member ``<lease hex>-<nonce>`` (0, a lease that never exists, if malformed)."""
     try:

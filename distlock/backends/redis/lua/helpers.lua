@@ -68,13 +68,14 @@ local function bury(q, s, member, wake_key)
   end
   redis.call('DEL', unpack(keys))
 end
--- Take an entry out with, when asked, its owner record and its wake-up list: nobody is woken.
+-- Take an entry out with, when asked, its owner record and its wake-up list (always for a semaphore's or read/write
+-- lock's entry, which may be told it holds while it joins, by its own removal of a dead entry): nobody is woken.
 local function drop(q, member, owner, wake)
   local base = base_of(q)
+  local k = kind(member)
   redis.call('ZREM', q, member)
   if owner then redis.call('HDEL', base .. 'owners', member) end
-  if wake then redis.call('DEL', base .. 'wake:' .. member) end
-  local k = kind(member)
+  if wake or k then redis.call('DEL', base .. 'wake:' .. member) end
   if k then redis.call('ZREM', base .. 'd', member) end
   if k == 'w' then redis.call('ZREM', base .. 'w', member) end
 end
