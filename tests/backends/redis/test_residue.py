@@ -220,7 +220,7 @@ def test_an_earlier_clients_live_entry_is_refused_with_the_upgrade_step(server: 
     with distlock.connect(server.url) as client, redis.Redis.from_url(server.url) as admin:
         admin.set("distlock:lease:abc", "earlier", px=30_000)
         assert _earlier_join(admin, b"distlock:{order:1}:q", b"abc-0123", b"distlock:lease:abc")[1] == 1
-        with pytest.raises(distlock.ConfigurationError, match="earlier Redis key layout.*Upgrading"):
+        with pytest.raises(distlock.ConfigurationError, match=r"earlier Redis key layout.*Upgrading"):
             client.lock("order:1", ttl=30).acquire(timeout=1)
         # Its lease gone (the earlier client stopped or crashed), the entry is removed and the name used.
         admin.delete("distlock:lease:abc")
