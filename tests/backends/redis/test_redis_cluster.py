@@ -5,7 +5,6 @@ force release loses the one lock released."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -14,37 +13,7 @@ from _support import queue_and_record, wait_until
 import distlock
 from distlock.testing import RedisServer
 
-SLOTS = 16384
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[list[RedisServer]]:
-    """Three cluster-enabled redis-servers, each master of a third of the slots, no replicas."""
-    args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]
-    servers = [RedisServer(extra_args=args) for _ in range(3)]
-    try:
-        for server in servers:
-            server.start()
-        clients = [server.client() for server in servers]
-        for i, client in enumerate(clients):
-            client.cluster("ADDSLOTSRANGE", i * SLOTS // 3, (i + 1) * SLOTS // 3 - 1)
-        for server in servers[1:]:
-            clients[0].cluster("MEET", "127.0.0.1", server.port)
-        deadline = time.monotonic() + 30
-        while not all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients):
-            assert time.monotonic() < deadline, "the cluster did not reach cluster_state:ok"
-            time.sleep(0.05)
-        for client in clients:
-            client.close()
-        yield servers
-    finally:
-        for server in servers:
-            server.close()
-
-
-@pytest.fixture
-def cluster_url(redis_cluster: list[RedisServer]) -> str:
-    return "redis+cluster://" + ",".join(f"127.0.0.1:{server.port}" for server in redis_cluster[:2])
+SLOTS = redis.crc.REDIS_CLUSTER_HASH_SLOTS
 
 
 def _names_on_every_master(prefix: str, per_master: int) -> list[str]:

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import redis
 from _support import child_env, wait_until, waiters
-from test_redis_cluster import cluster_url, redis_cluster  # noqa: F401 - the Cluster fixtures
 
 import distlock
 from benchmarks.redis_locks import CommandStats
@@ -98,8 +97,7 @@ def test_names_taken_and_released_leave_nothing(server: RedisServer) -> None:
 
 
 def test_locks_taken_and_released_on_a_cluster_leave_nothing(
-    redis_cluster: list[RedisServer],  # noqa: F811
-    cluster_url: str,  # noqa: F811
+    redis_cluster: list[RedisServer], cluster_url: str
 ) -> None:
     with distlock.connect(cluster_url + "?prefix=residue") as client:
         for i in range(200):
