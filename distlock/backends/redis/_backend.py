@@ -2,10 +2,10 @@
 connection pools (``_connections``), on one Redis server or a Redis Cluster.
 
 A lock is a sorted set of queue entries scored by token, under one ``{hash tag}`` per lock; a lease is one key per
-client and TTL (``SET NX PX``, refreshed with ``PEXPIRE``); a waiter blocks on its own wake-up list (``BLPOP``),
-pushed by whoever removes the entry ahead of it. The backend keeps no copy of the core's state: a hand-over is
-``wait()``'s answer, and a revoke is given the client's tickets. The keys, tokens, waiting and what a Cluster
-cannot do: docs/operations/redis.md, "How it works".
+client and TTL (``SET NX PX``, refreshed with ``PEXPIRE``, which extends the expiry of the locks queued on it too); a
+waiter blocks on its own wake-up list (``BLPOP``), pushed by whoever removes the entry ahead of it. The backend
+keeps no copy of the core's state: a hand-over is ``wait()``'s answer, and a refresh and a revoke are given the
+client's tickets. The keys, tokens, waiting and what a Cluster cannot do: docs/operations/redis.md, "How it works".
 
 What can go wrong: Redis unreachable, restarting (``LOADING``), paused or failing over (``READONLY``, ``MOVED``):
 every request is idempotent and retried with backoff until the request timeout, then ``BackendUnavailable`` names
@@ -21,6 +21,7 @@ can forget a grant: the lock alone is then not exclusive, the token still is unl
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -56,7 +57,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
 
 from ._connections import Pool, RedisTarget, is_refused, is_retryable, pack_command
 from ._keys import Keys, lease_of, member_of, nonce_of
-from ._scripts import ENQUEUE, HEAD, LAST_MEMBER, MISSING, POSITION, REMOVE, WRITE_RECORD
+from ._scripts import ENQUEUE, HEAD, KEEP_ALIVE, LAST_MEMBER, MISSING, POSITION, REMOVE, WRITE_RECORD
 
 __all__ = ["RedisBackend"]
 
@@ -67,8 +68,9 @@ _EXPIRY_SLACK = 0.002
 #: one long script.
 _CHECK_BATCH = 500
 #: A lock's keys live this many lease TTLs (of the longest-lived caller) past the last script run for one of its
-#: entries: a join, a read of its place, the keeper's check of a held entry (every TTL/3). So a lock nobody touches
-#: again after its holder died is gone two to three TTLs after that holder's lease expired.
+#: entries: a join, a read of its place, a refresh of an entry's lease (every TTL/3; at least two TTLs are then left,
+#: see helpers.lua ``extend``). So they outlive every lease queued in them, and a lock nobody touches again after its
+#: holder died is gone two to three TTLs after that holder's lease expired.
 QUEUE_LIVES = 3
 #: Dead entries of an earlier key layout at a queue's tail that a join removes at most (one by one) before it refuses.
 _OLD_DEAD_EVICTED = 16
@@ -199,13 +201,39 @@ class RedisBackend:
                 return Lease(id=lease_id, ttl=ttl_ms / 1000)
         raise BackendError(f"grant lease: {self.description} already had three random lease ids (are they random?)")
 
-    def keep_alive(self, lease: Lease, timeout: float) -> float:
+    def keep_alive(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
+        # The refresh also extends the keys of the locks the lease is queued in (the keys expire by themselves,
+        # docs/operations/redis.md "What Redis keeps"): on one server in the same script, so a lock's keys are
+        # extended exactly when its holder's lease is refreshed; more than _CHECK_BATCH locks cost a script per batch.
+        # A Cluster script may touch one slot only: the lease key first, then one script per lock. Any failure raises,
+        # and the keeper counts the whole refresh as failed: a lock whose keys were not extended is not renewed.
+        deadline = _clock.now() + min(timeout, self.request_timeout)
         key = self._keys.lease(lease.id)
         ttl_ms = round(lease.ttl * 1000)  # renewed as granted, in whole milliseconds
-        answer, _ = self._request(
-            "lease keep-alive", key, "PEXPIRE", key, ttl_ms, budget=min(timeout, self.request_timeout)
-        )
-        return ttl_ms / 1000 if answer == 1 else 0.0
+        lives = (ttl_ms, _keys_life_ms(lease.ttl))
+        cluster = self._target.one_slot_per_script
+        if cluster:
+            answer, _ = self._request("lease keep-alive", key, "PEXPIRE", key, ttl_ms, budget=deadline - _clock.now())
+            if answer != 1:
+                return 0.0
+        batch = 1 if cluster else _CHECK_BATCH
+        for start in range(0, max(len(tickets), 1), batch):
+            chunk = tickets[start : start + batch]
+            queues = tuple(self._keys.lock(ticket.name) + "q" for ticket in chunk)
+            refresh = "" if cluster or start else "1"
+            if not (queues or refresh):
+                break
+            answer, _ = KEEP_ALIVE.run(
+                functools.partial(self._request, budget=deadline - _clock.now()),
+                "lease keep-alive",
+                (key, *queues) if refresh else queues,
+                refresh,
+                *lives,
+                *(value for ticket in chunk for value in (ticket.key, ticket.token)),
+            )
+            if answer != 1:
+                return 0.0
+        return ttl_ms / 1000
 
     def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
         key = self._keys.lease(lease.id)
@@ -433,18 +461,14 @@ class RedisBackend:
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One script over many queues on one server; a Cluster script may only touch one slot, and each lock's
-        # keys have a slot of their own: there, one script per lock.
-        # The script also keeps the held locks' keys alive (they expire QUEUE_LIVES TTLs after the last touch) and
-        # moves a semaphore slot's or read/write lock entry's deadline: the tickets share one lease, hence one TTL.
+        # keys have a slot of their own: there, one script per lock. It keeps nothing alive: keep_alive does.
         batch = 1 if self._target.one_slot_per_script else _CHECK_BATCH
-        ttl = max((_lease_ttl(ticket) for ticket in tickets), default=1.0)
-        lives = (_keys_life_ms(ttl), math.ceil(ttl * 1000))
         gone: list[Ticket] = []
         for start in range(0, len(tickets), batch):
             chunk = tickets[start : start + batch]
             keys = tuple(self._keys.lock(ticket.name) + "q" for ticket in chunk)
             args = [value for ticket in chunk for value in (ticket.key, ticket.token)]
-            answer, _ = MISSING.run(self._request, "check held locks", keys, *lives, *args)
+            answer, _ = MISSING.run(self._request, "check held locks", keys, *args)
             gone.extend(chunk[int(index) - 1] for index in answer)
         return gone
 

@@ -1,7 +1,7 @@
 """The Redis backend's Lua scripts: loaded from the package's ``lua/*.lua`` files, run by their SHA-1.
 
 Each script is one file whose opening comment says its KEYS, its ARGV and what it answers. The queue scripts
-(enqueue, position, remove, head, missing) share ``lua/helpers.lua``, which is put in front of each of them here,
+(enqueue, position, remove, head, keep_alive) share ``lua/helpers.lua``, which is put in front of each of them here,
 after one line that gives the helpers the constants they share with Python (:data:`LAST_MEMBER`, the layout mark
 of ``_keys``, the wake-up lists' TTL on a queue of an earlier layout).
 :meth:`Script.run` sends ``EVALSHA``; a server that has not cached the script (new, restarted, flushed) answers
@@ -22,7 +22,7 @@ import redis.exceptions
 
 from ._keys import LAYOUT_MARK
 
-__all__ = ["ENQUEUE", "HEAD", "LAST_MEMBER", "MISSING", "POSITION", "REMOVE", "WRITE_RECORD", "Script"]
+__all__ = ["ENQUEUE", "HEAD", "KEEP_ALIVE", "LAST_MEMBER", "MISSING", "POSITION", "REMOVE", "WRITE_RECORD", "Script"]
 
 #: The queue's last member, never a waiter (members are ``<lease hex>-<nonce>``): its score is the last token
 #: handed out, so the queue is the token counter too. It sorts after a waiter of equal score (``~`` after hex digits).
@@ -76,5 +76,6 @@ ENQUEUE = _load("enqueue", helpers=True)
 POSITION = _load("position", helpers=True)
 REMOVE = _load("remove", helpers=True)
 HEAD = _load("head", helpers=True)
-MISSING = _load("missing", helpers=True)
+MISSING = _load("missing", helpers=False)
+KEEP_ALIVE = _load("keep_alive", helpers=True)
 WRITE_RECORD = _load("write_record", helpers=False)

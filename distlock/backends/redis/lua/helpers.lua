@@ -1,4 +1,4 @@
--- The helpers the queue scripts share (enqueue, position, remove, head, missing): _scripts.py puts this file in
+-- The helpers the queue scripts share (enqueue, position, remove, head, keep_alive): _scripts.py puts this file in
 -- front of each of them when it loads them, after one line that defines LAST (the queue's last member, '~token',
 -- whose score is the last token handed out), WAKE_TTL_MS (how long a wake-up waits in its list when its queue has
 -- no expiry: a queue of an earlier layout) and TAG (the layout mark after a member's lease hex) from the Python
