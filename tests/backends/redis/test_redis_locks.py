@@ -1,6 +1,6 @@
 """What the Redis backend adds to the backend-neutral lock suite: tokens across restarts with and without the
 append-only file, what Redis keeps between locks, waiters that block instead of polling, and leases that vanish
-behind a client's back. Real redis-servers; SIGKILL for crashes."""
+behind a client's back; a semaphore of one. Real redis-servers; SIGKILL for crashes."""
 
 from __future__ import annotations
 
@@ -174,6 +174,23 @@ def test_a_sigkilled_waiter_in_the_middle_of_the_queue_is_skipped(redis_server: 
             behind.release()
     finally:
         worker.close()
+
+
+def test_a_semaphore_of_one_admits_one_holder_and_hands_over_in_order(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """A slot of a semaphore of limit 1 is a slot like any other (its scripts once took it for a reader)."""
+    with distlock.connect(redis_server.url) as client, distlock.connect(redis_server.url) as other:
+        first = client.semaphore(lock_name, 1, ttl=10)
+        assert first.acquire()
+        assert not other.semaphore(lock_name, 1, ttl=10).acquire(timeout=0), "two holders of a semaphore of 1"
+        second = other.semaphore(lock_name, 1, ttl=10)
+        thread, _ = _queue(client, second, 1)
+        token = first.token
+        first.release()
+        thread.join(30)
+        assert second.owned() and second.token > token
+        second.release()
 
 
 def test_the_keys_of_one_lock_share_one_cluster_slot(redis_server: RedisServer) -> None:

@@ -2,7 +2,8 @@
 
 Locks, semaphores and read/write locks taken and released (one server; locks on a Cluster too) leave no key; names
 whose holder was SIGKILLed are cleared by the next join, and a name nobody touches again expires with its keys
-(``QUEUE_LIVES`` lease TTLs after the last script run for it); tokens keep increasing across the deletion (the
+(``QUEUE_LIVES`` lease TTLs after the last script run for it), while a held lock's keys live as long as its lease,
+whatever blocks the keeper's cleaner; tokens keep increasing across the deletion (the
 server clock floor, and the last token kept while it is ahead of the clock); an earlier client's entry is refused
 with the upgrade step, and an earlier client refuses to queue behind a new one; a semaphore slot's and a reader's
 acquisition costs the same number of commands with 1 or 32 holders. Real redis-servers; counts, not timings.
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +177,36 @@ def test_names_nobody_touches_again_expire_with_their_dead_holder(server: RedisS
         for key in keys:
             assert 0 <= admin.pttl(key) <= QUEUE_LIVES * TTL * 1000, (key, admin.pttl(key))
     wait_until(lambda: _keys(server.url) == [], 30, "the dead holder's keys to expire")
+
+
+def test_held_locks_keep_their_keys_while_on_lost_callbacks_block_the_cleaner(server: RedisServer) -> None:
+    """The lease refresh keeps a held lock's keys alive, not the keeper's check of held locks (which runs on the
+    cleaner, behind ``on_lost`` callbacks): with the cleaner blocked for longer than the keys' expiry, a held lock
+    and a held semaphore slot keep their keys, stay held, and another client still waits behind them."""
+    unblock, blocked = threading.Event(), threading.Event()
+
+    def block_the_cleaner(lock: distlock.Lock) -> None:
+        blocked.set()
+        unblock.wait(30)
+
+    with distlock.connect(server.url) as client, distlock.connect(server.url) as other:
+        held, slot = client.lock("held", ttl=TTL), client.semaphore("held:pool", 1, ttl=TTL)
+        doomed = client.lock("doomed", ttl=TTL, max_hold=0.2, on_lost=block_the_cleaner)
+        try:
+            assert held.acquire() and slot.acquire() and doomed.acquire()
+            assert blocked.wait(10), "max_hold did not fire"
+            time.sleep((QUEUE_LIVES + 1) * TTL)  # past the keys' expiry, had nothing but the cleaner extended it
+            with redis.Redis.from_url(server.url) as admin:
+                for name in (b"held", b"held:pool"):
+                    queue = [key for key in _keys(server.url) if b"{" + name + b"}" in key and key.endswith(b":q")]
+                    assert queue and admin.pttl(queue[0]) > 0, (name, _keys(server.url))
+            assert held.owned() and slot.owned() and not held.lost and not slot.lost
+            assert not other.lock("held", ttl=TTL).acquire(timeout=0)
+            assert not other.semaphore("held:pool", 1, ttl=TTL).acquire(timeout=0)
+        finally:
+            unblock.set()
+        held.release()
+        slot.release()
 
 
 def test_tokens_keep_increasing_across_the_deletion_of_a_names_keys(server: RedisServer) -> None:

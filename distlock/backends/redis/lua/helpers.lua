@@ -28,8 +28,10 @@ local function family(k)
   if k == 'r' or k == 'w' then return 'rw' end
   return k or ''
 end
+-- A semaphore slot's kind (of any limit, 1 too); its limit (1 for any other kind).
+local function slot(k) return k ~= nil and string.sub(k, 1, 1) == 's' end
 local function limit(k)
-  if k and string.sub(k, 1, 1) == 's' then return tonumber(string.sub(k, 2)) end
+  if slot(k) then return tonumber(string.sub(k, 2)) end
   return 1
 end
 -- Keep the lock's keys for at least 2/3 of want ms more (want: QUEUE_LIVES lease TTLs of the caller); never
@@ -113,7 +115,7 @@ end
 -- wait; a reader, the writer now at the head; a writer, that too, or the readers up to the next writer when it was
 -- the first writer. Each is a read of the entries let in, not a walk over those that hold.
 local function let_in(q, k, s, r, prefix)
-  if limit(k) > 1 then
+  if slot(k) then
     if r >= limit(k) then return end
     for i = 1, 16 do
       local nxt = redis.call('ZRANGE', q, limit(k) - 1, limit(k) - 1)[1]
@@ -143,7 +145,7 @@ local function remove(q, member, t, owner, wake, prefix)
     local score = redis.call('ZSCORE', q, member)
     if not score or (t and tonumber(score) ~= t) then return 0 end
     local r = nil
-    if limit(k) > 1 then r = redis.call('ZRANK', q, member) end
+    if slot(k) then r = redis.call('ZRANK', q, member) end
     drop(q, member, owner, wake)
     -- An entry of an earlier layout has no deadline or writer index to go by: its waiters look again by their own
     -- deadlines.
@@ -207,7 +209,7 @@ local function place_kind(q, t, member, life, prefix)
   end
   local k = kind(member)
   local on = nil
-  if limit(k) > 1 then
+  if slot(k) then
     if redis.call('ZRANK', q, member) < limit(k) then return {t, 1} end
     local first = redis.call('ZRANGE', d, 0, 1)
     on = first[1]
