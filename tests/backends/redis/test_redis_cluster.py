@@ -1,6 +1,6 @@
 """The Redis backend on a real 3-master Redis Cluster (``redis+cluster://``): scripts stay in one slot, tokens and
-FIFO order hold, a lock whose holder's lease (in another slot, often on another master) is gone is free, and a
-force release loses the one lock released."""
+FIFO order hold, a lock whose holder's lease (in another slot, often on another master) is gone is free, a
+force release loses the one lock released, and a holder cut off from its lock's master gives the lock up."""
 
 from __future__ import annotations
 
@@ -16,13 +16,18 @@ from distlock.testing import RedisServer
 SLOTS = redis.crc.REDIS_CLUSTER_HASH_SLOTS
 
 
+def _master_of(key: str) -> int:
+    """Which of the three masters serves ``key`` (by the slot ranges the fixture assigned)."""
+    return redis.crc.key_slot(key.encode()) * 3 // SLOTS
+
+
 def _names_on_every_master(prefix: str, per_master: int) -> list[str]:
     """Lock names whose keys live on each of the three masters (by the slot ranges the fixture assigned)."""
     by_master: dict[int, list[str]] = {0: [], 1: [], 2: []}
     i = 0
     while min(len(names) for names in by_master.values()) < per_master:
         name = f"{prefix}/{i}/{time.monotonic_ns()}"
-        by_master[redis.crc.key_slot(f"distlock:{{{name}}}:q".encode()) * 3 // SLOTS].append(name)
+        by_master[_master_of(f"distlock:{{{name}}}:q")].append(name)
         i += 1
     return sorted(name for names in by_master.values() for name in names[:per_master])
 
@@ -104,6 +109,31 @@ def test_on_a_redis_cluster_only_the_released_lock_is_lost(redis_cluster: list[R
         for lock in kept:
             lock.ensure_held(verify=True)
             lock.release()
+
+
+def test_a_holder_cut_off_from_its_locks_master_gives_the_lock_up(redis_cluster: list[RedisServer]) -> None:
+    """A lock's keys expire unless its holder's lease refresh extends them: a client that still reaches its lease's
+    master but no longer its lock's (paused for writes) fails its refreshes, and its session (every lock on that
+    lease) is lost within the TTL, before the keys, extended two TTLs or more past the last full refresh, expire."""
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{server.port}" for server in redis_cluster)
+    with distlock.connect(url) as client:
+        anchor = client.lock("anchor", ttl=2)
+        assert anchor.acquire()
+        held = client.holder("anchor")
+        assert held is not None
+        lease_master = _master_of(f"distlock:lease:{held.lease_id:x}")
+        names = _names_on_every_master("cut-off", 1)
+        name = next(n for n in names if _master_of(f"distlock:{{{n}}}:q") != lease_master)
+        lock_master = _master_of(f"distlock:{{{name}}}:q")
+        lock = client.lock(name, ttl=2)
+        assert lock.acquire()
+        with redis_cluster[lock_master].client() as node:
+            node.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+            try:
+                wait_until(lambda: lock.lost, 10, "the lock whose master is out of reach to be lost")
+                assert anchor.lost, "the session is lost as a whole (one deadline per lease)"
+            finally:
+                node.execute_command("CLIENT", "UNPAUSE")
 
 
 def test_semaphores_and_rwlocks_are_refused_where_they_are_asked_for(cluster_url: str) -> None:
