@@ -252,8 +252,13 @@ class Backend(Protocol):
     def grant_lease(self, ttl: float) -> Lease:
         """Grant a new lease of ``ttl`` seconds."""
 
-    def keep_alive(self, lease: Lease, timeout: float) -> float:
-        """Refresh ``lease`` within ``timeout`` s to its granted TTL; return the TTL left, ``<= 0`` when it is gone."""
+    def keep_alive(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
+        """Refresh ``lease`` within ``timeout`` s to its granted TTL; return the TTL left, ``<= 0`` when it is gone.
+
+        ``tickets`` are the ones the client still has on it (held or waiting), for a service whose lock state expires
+        by itself (Redis): it keeps their locks alive in the same refresh, and raises when it cannot (the refresh
+        then counts as failed), so a lock's state outlives the lease that holds it.
+        """
 
     def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
         """Revoke ``lease``, removing every key on it; a lease already gone is not an error. ``tickets`` are the ones

@@ -359,10 +359,12 @@ class Keeper:
         return True
 
     def _refresh(self, session: Session) -> None:
+        with self._cond:
+            tickets = list(session.joined)  # as a revoke names them: every ticket not known removed
         sent = _clock.now()
         try:
             # Never block past the deadline: a late answer is worth nothing, and other sessions wait on us.
-            remaining = self._backend.keep_alive(session.lease, max(session.deadline - sent, 0.05))
+            remaining = self._backend.keep_alive(session.lease, tickets, max(session.deadline - sent, 0.05))
         except LeaseGone:
             remaining = 0.0
         except Exception as e:

@@ -176,8 +176,9 @@ class MemoryBackend:
             server.leases[lease_id] = (_clock.now() + ttl, ttl)
             return Lease(id=lease_id, ttl=ttl)
 
-    def keep_alive(self, lease: Lease, timeout: float) -> float:
-        """Restart the lease's TTL; 0 when it is gone (revoked, or expired before this call)."""
+    def keep_alive(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
+        """Restart the lease's TTL; 0 when it is gone (revoked, or expired before this call). ``tickets``: nothing to
+        keep alive here, a lock's state lives as long as its entries."""
         with self._state() as server:
             if lease.id not in server.leases:
                 return 0.0

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 from _support import wait_until
 
 import distlock
-from distlock._protocol import Lease
+from distlock._protocol import Lease, Ticket
 from distlock.testing import EtcdServer
 
 #: How long the keep-alive rate is sampled.
@@ -22,17 +22,17 @@ SAMPLE = 3.0
 class _CountingKeepAlive:
     """Wraps a backend's ``keep_alive``: counts the calls, and raises ``fail_with`` from the next one when set."""
 
-    def __init__(self, inner: Callable[[Lease, float], float]) -> None:
+    def __init__(self, inner: Callable[[Lease, Sequence[Ticket], float], float]) -> None:
         self._inner = inner
         self.calls = 0
         self.fail_with: BaseException | None = None
 
-    def __call__(self, lease: Lease, timeout: float) -> float:
+    def __call__(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
         self.calls += 1
         failure, self.fail_with = self.fail_with, None
         if failure is not None:
             raise failure
-        return self._inner(lease, timeout)
+        return self._inner(lease, tickets, timeout)
 
 
 @pytest.fixture

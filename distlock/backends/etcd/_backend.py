@@ -130,7 +130,7 @@ class EtcdBackend:
             raise BackendError(f"grant lease failed on {self.description}: {response.error}")
         return Lease(id=int(response.ID), ttl=float(response.TTL))
 
-    def keep_alive(self, lease: Lease, timeout: float) -> float:
+    def keep_alive(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
         deadline = _clock.now() + min(timeout, self._channels.request_timeout)
 
         def once(member: Member, timeout: float) -> float:

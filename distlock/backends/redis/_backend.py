@@ -2,10 +2,10 @@
 connection pools (``_connections``), on one Redis server or a Redis Cluster.
 
 A lock is a sorted set of queue entries scored by token, under one ``{hash tag}`` per lock; a lease is one key per
-client and TTL (``SET NX PX``, refreshed with ``PEXPIRE``); a waiter blocks on its own wake-up list (``BLPOP``),
-pushed by whoever removes the entry ahead of it. The backend keeps no copy of the core's state: a hand-over is
-``wait()``'s answer, and a revoke is given the client's tickets. The keys, tokens, waiting and what a Cluster
-cannot do: docs/operations/redis.md, "How it works".
+client and TTL (``SET NX PX``, refreshed with ``PEXPIRE``, which extends the expiry of the locks queued on it too); a
+waiter blocks on its own wake-up list (``BLPOP``), pushed by whoever removes the entry ahead of it. The backend
+keeps no copy of the core's state: a hand-over is ``wait()``'s answer, and a refresh and a revoke are given the
+client's tickets. The keys, tokens, waiting and what a Cluster cannot do: docs/operations/redis.md, "How it works".
 
 What can go wrong: Redis unreachable, restarting (``LOADING``), paused or failing over (``READONLY``, ``MOVED``):
 every request is idempotent and retried with backoff until the request timeout, then ``BackendUnavailable`` names
@@ -21,6 +21,7 @@ can forget a grant: the lock alone is then not exclusive, the token still is unl
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -56,7 +57,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
 
 from ._connections import Pool, RedisTarget, is_refused, is_retryable, pack_command
 from ._keys import Keys, lease_of, member_of, nonce_of
-from ._scripts import ENQUEUE, HEAD, LAST_MEMBER, MISSING, POSITION, REMOVE, WRITE_RECORD
+from ._scripts import ENQUEUE, HEAD, KEEP_ALIVE, LAST_MEMBER, MISSING, POSITION, REMOVE, WRITE_RECORD
 
 __all__ = ["RedisBackend"]
 
@@ -66,6 +67,13 @@ _EXPIRY_SLACK = 0.002
 #: Held entries checked by one script call at most: a client holding thousands of locks does not block Redis for
 #: one long script.
 _CHECK_BATCH = 500
+#: A lock's keys live this many lease TTLs (of the longest-lived caller) past the last script run for one of its
+#: entries: a join, a read of its place, a refresh of an entry's lease (every TTL/3; at least two TTLs are then left,
+#: see helpers.lua ``extend``). So they outlive every lease queued in them, and a lock nobody touches again after its
+#: holder died is gone two to three TTLs after that holder's lease expired.
+QUEUE_LIVES = 3
+#: Dead entries of an earlier key layout at a queue's tail that a join removes at most (one by one) before it refuses.
+_OLD_DEAD_EVICTED = 16
 
 
 class RedisBackend:
@@ -193,13 +201,39 @@ class RedisBackend:
                 return Lease(id=lease_id, ttl=ttl_ms / 1000)
         raise BackendError(f"grant lease: {self.description} already had three random lease ids (are they random?)")
 
-    def keep_alive(self, lease: Lease, timeout: float) -> float:
+    def keep_alive(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
+        # The refresh also extends the keys of the locks the lease is queued in (the keys expire by themselves,
+        # docs/operations/redis.md "What Redis keeps"): on one server in the same script, so a lock's keys are
+        # extended exactly when its holder's lease is refreshed; more than _CHECK_BATCH locks cost a script per batch.
+        # A Cluster script may touch one slot only: the lease key first, then one script per lock. Any failure raises,
+        # and the keeper counts the whole refresh as failed: a lock whose keys were not extended is not renewed.
+        deadline = _clock.now() + min(timeout, self.request_timeout)
         key = self._keys.lease(lease.id)
         ttl_ms = round(lease.ttl * 1000)  # renewed as granted, in whole milliseconds
-        answer, _ = self._request(
-            "lease keep-alive", key, "PEXPIRE", key, ttl_ms, budget=min(timeout, self.request_timeout)
-        )
-        return ttl_ms / 1000 if answer == 1 else 0.0
+        lives = (ttl_ms, _keys_life_ms(lease.ttl))
+        cluster = self._target.one_slot_per_script
+        if cluster:
+            answer, _ = self._request("lease keep-alive", key, "PEXPIRE", key, ttl_ms, budget=deadline - _clock.now())
+            if answer != 1:
+                return 0.0
+        batch = 1 if cluster else _CHECK_BATCH
+        for start in range(0, max(len(tickets), 1), batch):
+            chunk = tickets[start : start + batch]
+            queues = tuple(self._keys.lock(ticket.name) + "q" for ticket in chunk)
+            refresh = "" if cluster or start else "1"
+            if not (queues or refresh):
+                break
+            answer, _ = KEEP_ALIVE.run(
+                functools.partial(self._request, budget=deadline - _clock.now()),
+                "lease keep-alive",
+                (key, *queues) if refresh else queues,
+                refresh,
+                *lives,
+                *(value for ticket in chunk for value in (ticket.key, ticket.token)),
+            )
+            if answer != 1:
+                return 0.0
+        return ttl_ms / 1000
 
     def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
         key = self._keys.lease(lease.id)
@@ -236,22 +270,30 @@ class RedisBackend:
 
     def enqueue(self, name: str, lease: Lease, nonce: str, owner: bytes) -> tuple[Ticket, Position]:
         lease_id = lease.id
-        keys = self._keys.lock(name)
+        queue = self._keys.lock(name) + "q"
         member = member_of(lease_id, nonce)
         # A waiter's id is its nonce unless it was given an owner, and the host and pid are in its lease key's
         # value: only a given owner needs a record of its own.
         record = b"" if owner == owner_record(nonce) else owner
         prefix = self._lease_prefix
-        answer, attempts = ENQUEUE.run(
-            self._request,
-            f"enqueue for lock {name!r}",
-            self._own_lease((keys + "q", keys + "token", keys + "owners"), lease_id),
-            member,
-            record,
-            "",
-            prefix,
-            again=(member, record, "1", prefix),
-        )
+        want = _keys_life_ms(lease.ttl)
+        for _ in range(_OLD_DEAD_EVICTED):
+            answer, attempts = ENQUEUE.run(
+                self._request,
+                f"enqueue for lock {name!r}",
+                self._own_lease((queue,), lease_id),
+                member,
+                record,
+                "",
+                prefix,
+                want,
+                again=(member, record, "1", prefix, want),
+            )
+            if int(answer[1]) != 5:
+                break
+            self._evict_earlier_layout(name, bytes(answer[2]))
+        else:
+            raise self._earlier_layout(name, bytes(answer[2]))
         gone = LeaseGone(f"enqueue for lock {name!r}: the lease is gone on {self.description}")
         if int(answer[1]) == 3:
             raise gone
@@ -273,6 +315,24 @@ class RedisBackend:
             raise gone
         return ticket, position
 
+    def _evict_earlier_layout(self, name: str, member: bytes) -> None:
+        """The last entry of ``name``'s queue is an earlier client's (no layout mark): remove it if its lease is
+        gone (the join is then tried again), else refuse: both layouts in one queue are not safe (an earlier
+        client does not keep the lock's keys alive, which now expire)."""
+        key = self._keys.lease(lease_of(member))
+        pttl, _ = self._request(f"check an earlier client's entry on lock {name!r}", key, "PTTL", key)
+        if pttl != -2:
+            raise self._earlier_layout(name, member)
+        self._evict(name, member)
+
+    def _earlier_layout(self, name: str, member: bytes) -> ConfigurationError:
+        return ConfigurationError(
+            f"lock {name!r} is held or awaited by a distlock client of an earlier Redis key layout (queue member "
+            f"{member.decode('ascii', 'replace')!r} has no layout mark) on {self.description}: upgrade every client "
+            "that uses this Redis and key prefix before the new ones take its locks (stop the old ones, or let their "
+            "locks go): see docs/operations/redis.md, 'Upgrading'"
+        )
+
     def position(self, ticket: Ticket) -> Position:
         keys = self._keys.lock(ticket.name)
         answer, _ = POSITION.run(
@@ -282,6 +342,7 @@ class RedisBackend:
             ticket.key,
             ticket.token,
             self._lease_prefix,
+            _keys_life_ms(_lease_ttl(ticket)),
         )
         return self._checked(ticket, _position(answer))
 
@@ -295,7 +356,7 @@ class RedisBackend:
             return None
         # Every wait ends within our own TTL at the latest: an entry ahead removed by hand (no wake-up) costs
         # one TTL, not a hang.
-        own_ttl = ticket.lease_ttl if isinstance(ticket, _Entry) else 1.0
+        own_ttl = _lease_ttl(ticket)
         limit = min(math.inf if timeout is None else timeout, own_ttl)
         # On one server the script that placed us read the lease of the waiter ahead; on a Cluster it could not.
         pttl = position.ahead_ttl_ms if isinstance(position, _WaitingPosition) else _NOT_READ
@@ -400,7 +461,7 @@ class RedisBackend:
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One script over many queues on one server; a Cluster script may only touch one slot, and each lock's
-        # keys have a slot of their own: there, one script per lock.
+        # keys have a slot of their own: there, one script per lock. It keeps nothing alive: keep_alive does.
         batch = 1 if self._target.one_slot_per_script else _CHECK_BATCH
         gone: list[Ticket] = []
         for start in range(0, len(tickets), batch):
@@ -488,6 +549,16 @@ class _WaitingPosition(Position):
     expiry; ``_NOT_READ`` on a Cluster)."""
 
     ahead_ttl_ms: int = _NOT_READ
+
+
+def _lease_ttl(ticket: Ticket) -> float:
+    """The TTL of the lease ``ticket`` joined on (1 s for a ticket this backend did not make: a head read)."""
+    return ticket.lease_ttl if isinstance(ticket, _Entry) else 1.0
+
+
+def _keys_life_ms(ttl: float) -> int:
+    """How long a lock's keys must live at least past a script run for an entry whose lease has ``ttl`` seconds."""
+    return QUEUE_LIVES * max(math.ceil(ttl * 1000), 1)
 
 
 def _position(answer: list[Any]) -> Position:

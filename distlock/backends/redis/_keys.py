@@ -3,8 +3,10 @@ docs/operations/redis.md, "How it works").
 
 Every key of lock ``N`` starts ``<prefix>:{E}:`` (``E``: the name escaped by ``_names.escape_name``, braces
 included), so that a lock's keys share one Redis Cluster slot; a client's lease key is ``<prefix>:lease:<hex>``. A
-queue member is ``<lease hex>-<nonce>``: the lease that keeps it alive, and the waiter's nonce (with its kind, for a
-semaphore's or read/write lock's entry).
+queue member is ``<lease hex>-3.<nonce>``: the lease that keeps it alive, the layout mark :data:`LAYOUT_MARK` (the
+keys expire and are deleted with their last entry; earlier layouts' members have no mark, and the clients of each
+refuse to queue behind the other's: see docs/operations/redis.md, "Upgrading"), and the waiter's nonce (with its
+kind, for a semaphore's or read/write lock's entry).
 
 What can go wrong: nothing raises here; a malformed member reads as lease 0, which never exists.
 """
@@ -13,7 +15,12 @@ from __future__ import annotations
 
 from ..._names import escape_name, unescape_name
 
-__all__ = ["Keys", "lease_of", "member_of", "nonce_of"]
+__all__ = ["LAYOUT_MARK", "Keys", "lease_of", "member_of", "nonce_of"]
+
+#: What follows ``<lease hex>-`` in a member of this key layout, before a dot. An earlier client reads it as the
+#: member's kind, of a family of its own, so it refuses to queue behind it (``LockKindMismatch``).
+LAYOUT_MARK = "3"
+_MARK = f"{LAYOUT_MARK}.".encode()
 
 #: Besides ``/``, braces are escaped in lock names: a brace would end the ``{hash tag}`` that keeps a lock's keys in
 #: one Cluster slot.
@@ -46,8 +53,8 @@ class Keys:
 
 
 def member_of(lease_id: int, nonce: str) -> bytes:
-    """The queue member of a waiter: ``<lease hex>-<nonce>``."""
-    return f"{lease_id:x}-{nonce}".encode("ascii")
+    """The queue member of a waiter: ``<lease hex>-3.<nonce>``."""
+    return f"{lease_id:x}-{LAYOUT_MARK}.{nonce}".encode("ascii")
 
 
 def lease_of(member: bytes) -> int:
@@ -60,4 +67,5 @@ def lease_of(member: bytes) -> int:
 
 def nonce_of(member: bytes) -> str:
     """The waiter's nonce: the opaque owner id that ``owner_record`` would have stored."""
-    return member.split(b"-", 1)[-1].decode("ascii", "replace")
+    tail = member.split(b"-", 1)[-1]
+    return tail.removeprefix(_MARK).decode("ascii", "replace")

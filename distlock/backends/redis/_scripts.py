@@ -1,8 +1,9 @@
 """The Redis backend's Lua scripts: loaded from the package's ``lua/*.lua`` files, run by their SHA-1.
 
 Each script is one file whose opening comment says its KEYS, its ARGV and what it answers. The queue scripts
-(enqueue, position, remove, head) share ``lua/helpers.lua``, which is put in front of each of them here, after one
-line that gives the helpers the constants they share with Python (:data:`LAST_MEMBER`, the wake-up lists' TTL).
+(enqueue, position, remove, head, keep_alive) share ``lua/helpers.lua``, which is put in front of each of them here,
+after one line that gives the helpers the constants they share with Python (:data:`LAST_MEMBER`, the layout mark
+of ``_keys``, the wake-up lists' TTL on a queue of an earlier layout).
 :meth:`Script.run` sends ``EVALSHA``; a server that has not cached the script (new, restarted, flushed) answers
 ``NOSCRIPT`` and gets ``EVAL`` with the source, which caches it.
 
@@ -19,12 +20,15 @@ from typing import Any
 
 import redis.exceptions
 
-__all__ = ["ENQUEUE", "HEAD", "LAST_MEMBER", "MISSING", "POSITION", "REMOVE", "WRITE_RECORD", "Script"]
+from ._keys import LAYOUT_MARK
+
+__all__ = ["ENQUEUE", "HEAD", "KEEP_ALIVE", "LAST_MEMBER", "MISSING", "POSITION", "REMOVE", "WRITE_RECORD", "Script"]
 
 #: The queue's last member, never a waiter (members are ``<lease hex>-<nonce>``): its score is the last token
 #: handed out, so the queue is the token counter too. It sorts after a waiter of equal score (``~`` after hex digits).
 LAST_MEMBER = "~token"
-#: How long a wake-up waits in its list for a waiter that is not blocked yet (one that is later re-reads anyway).
+#: How long a wake-up waits in its list for a waiter that is not blocked yet (one that is later re-reads anyway),
+#: when its queue has no expiry to share (a queue of an earlier layout): otherwise the list expires with the queue.
 _WAKE_TTL_MS = 600_000
 
 #: The backend's request function: ``(what, key, *command, again=...)`` -> (the answer, the attempts made).
@@ -61,7 +65,7 @@ def _source(name: str) -> str:
     return (_LUA_FILES / f"{name}.lua").read_text(encoding="utf-8")
 
 
-_HELPERS = f"local LAST, WAKE_TTL_MS = '{LAST_MEMBER}', {_WAKE_TTL_MS}\n" + _source("helpers")
+_HELPERS = f"local LAST, WAKE_TTL_MS, TAG = '{LAST_MEMBER}', {_WAKE_TTL_MS}, '{LAYOUT_MARK}'\n" + _source("helpers")
 
 
 def _load(name: str, *, helpers: bool) -> Script:
@@ -73,4 +77,5 @@ POSITION = _load("position", helpers=True)
 REMOVE = _load("remove", helpers=True)
 HEAD = _load("head", helpers=True)
 MISSING = _load("missing", helpers=False)
+KEEP_ALIVE = _load("keep_alive", helpers=True)
 WRITE_RECORD = _load("write_record", helpers=False)

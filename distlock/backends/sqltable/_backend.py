@@ -284,7 +284,7 @@ class SqlTableBackend:
         except BackendError as e:
             log.debug("distlock: could not remove expired leases on %s: %s", self.description, e)
 
-    def keep_alive(self, lease: Lease, timeout: float) -> float:
+    def keep_alive(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
         leases, lease_id = self._tables.leases, lease.id
 
         def request(connection: Connection, each: Attempt) -> float:

@@ -160,7 +160,7 @@ class ZooKeeperBackend:
     def grant_lease(self, ttl: float) -> Lease:
         return self._sessions.open_lease(ttl)
 
-    def keep_alive(self, lease: Lease, timeout: float) -> float:
+    def keep_alive(self, lease: Lease, tickets: Sequence[Ticket], timeout: float) -> float:
         lease_id = lease.id
         try:
             client = self._sessions.of_lease(lease_id)

@@ -71,7 +71,7 @@ def test_a_lease_that_runs_out_takes_its_entries_and_wakes_the_waiter_behind(url
     assert not position.held and position.ahead == holder.key
     assert backend.wait(waiter, position, 30, Interrupt()) == backend.position(waiter)
     assert backend.position(waiter).held and backend.position(holder).gone
-    assert backend.keep_alive(short, 1) <= 0 and backend.missing_tickets([waiter]) == []
+    assert backend.keep_alive(short, [], 1) <= 0 and backend.missing_tickets([waiter]) == []
     with pytest.raises(distlock.BackendError, match=r"lease .* is gone"):
         backend.enqueue("job", short, "c" * 16, b"")
 

@@ -1,50 +1,31 @@
 """The Redis backend on a real 3-master Redis Cluster (``redis+cluster://``): scripts stay in one slot, tokens and
-FIFO order hold, a lock whose holder's lease (in another slot, often on another master) is gone is free, and a
-force release loses the one lock released."""
+FIFO order hold, a lock whose holder's lease (in another slot, often on another master) is gone is free, a
+force release loses the one lock released, and a holder cut off from its lock's master gives the lock up."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
 from _support import queue_and_record, wait_until
 
 import distlock
+from distlock.backends.redis._keys import Keys
 from distlock.testing import RedisServer
 
-SLOTS = 16384
+SLOTS = redis.crc.REDIS_CLUSTER_HASH_SLOTS
 
 
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[list[RedisServer]]:
-    """Three cluster-enabled redis-servers, each master of a third of the slots, no replicas."""
-    args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]
-    servers = [RedisServer(extra_args=args) for _ in range(3)]
-    try:
-        for server in servers:
-            server.start()
-        clients = [server.client() for server in servers]
-        for i, client in enumerate(clients):
-            client.cluster("ADDSLOTSRANGE", i * SLOTS // 3, (i + 1) * SLOTS // 3 - 1)
-        for server in servers[1:]:
-            clients[0].cluster("MEET", "127.0.0.1", server.port)
-        deadline = time.monotonic() + 30
-        while not all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients):
-            assert time.monotonic() < deadline, "the cluster did not reach cluster_state:ok"
-            time.sleep(0.05)
-        for client in clients:
-            client.close()
-        yield servers
-    finally:
-        for server in servers:
-            server.close()
+def _master_of(key: str) -> int:
+    """Which of the three masters serves ``key`` (by the slot ranges the fixture assigned)."""
+    slot = redis.crc.key_slot(key.encode())
+    return next(i for i in (2, 1, 0) if slot >= i * SLOTS // 3)
 
 
-@pytest.fixture
-def cluster_url(redis_cluster: list[RedisServer]) -> str:
-    return "redis+cluster://" + ",".join(f"127.0.0.1:{server.port}" for server in redis_cluster[:2])
+def _queue_of(name: str) -> str:
+    """Lock ``name``'s queue key (its name escaped: ``/`` is ``%2F`` in a key)."""
+    return Keys("distlock").lock(name) + "q"
 
 
 def _names_on_every_master(prefix: str, per_master: int) -> list[str]:
@@ -53,7 +34,7 @@ def _names_on_every_master(prefix: str, per_master: int) -> list[str]:
     i = 0
     while min(len(names) for names in by_master.values()) < per_master:
         name = f"{prefix}/{i}/{time.monotonic_ns()}"
-        by_master[redis.crc.key_slot(f"distlock:{{{name}}}:q".encode()) * 3 // SLOTS].append(name)
+        by_master[_master_of(_queue_of(name))].append(name)
         i += 1
     return sorted(name for names in by_master.values() for name in names[:per_master])
 
@@ -135,6 +116,38 @@ def test_on_a_redis_cluster_only_the_released_lock_is_lost(redis_cluster: list[R
         for lock in kept:
             lock.ensure_held(verify=True)
             lock.release()
+
+
+def test_a_holder_cut_off_from_its_locks_master_gives_the_lock_up(
+    redis_cluster: list[RedisServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock's keys expire unless its holder's lease refresh extends them: a client that still reaches its lease's
+    master but no longer its lock's fails its refreshes, and its session (every lock on that lease) is lost within
+    the TTL, before the keys, extended two TTLs or more past the last full refresh, expire."""
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{server.port}" for server in redis_cluster)
+    with distlock.connect(url) as client:
+        anchor = client.lock("anchor", ttl=2)
+        assert anchor.acquire()
+        held = client.holder("anchor")
+        assert held is not None
+        lease_master = _master_of(f"distlock:lease:{held.lease_id:x}")
+        names = _names_on_every_master("cut-off", 1)
+        name = next(n for n in names if _master_of(_queue_of(n)) != lease_master)
+        lock_master = _master_of(_queue_of(name))
+        lock = client.lock(name, ttl=2)
+        assert lock.acquire()
+        target = client._backend._target  # type: ignore[attr-defined]
+        reachable = target.pool_for
+
+        def cut_off(key: str) -> object:
+            if _master_of(key) == lock_master:
+                raise redis.exceptions.ConnectionError("cut off from this master (test)")
+            return reachable(key)
+
+        monkeypatch.setattr(target, "pool_for", cut_off)
+        wait_until(lambda: lock.lost, 10, "the lock whose master is out of reach to be lost")
+        assert anchor.lost, "the session is lost as a whole (one deadline per lease)"
+        monkeypatch.undo()
 
 
 def test_semaphores_and_rwlocks_are_refused_where_they_are_asked_for(cluster_url: str) -> None:

@@ -27,15 +27,17 @@ def server() -> Iterator[RedisServer]:
         yield server
 
 
-def test_an_uncontended_acquire_and_release_sends_at_most_eight_commands(server: RedisServer) -> None:
+def test_an_uncontended_acquire_and_release_sends_at_most_ten_commands(server: RedisServer) -> None:
+    """The join: PTTL of our lease, TIME, ZRANGE, ZADD, PEXPIRE (the lock's keys expire); the release: ZRANGE, TIME
+    (is the last token behind the clock?), DEL (the lock's last entry takes every key of the lock with it)."""
     with distlock.connect(server.url) as client:
-        with client.lock("counted", ttl=30):  # the lease, the scripts' first load, the lock's token sentinel
+        with client.lock("counted", ttl=30):  # the lease, the scripts' first load
             pass
         before = _commands(server)
         with client.lock("counted", ttl=30) as lock:
             assert lock.owned()
         sent = _commands(server) - before
-    assert sum(sent.values()) <= 8, dict(sent)
+    assert sum(sent.values()) <= 10, dict(sent)
     assert sent["EVALSHA"] == 2, dict(sent)  # one script to join, one to leave
 
 
