@@ -1,16 +1,16 @@
 """The ZooKeeper backend: the primitives of ``_protocol.Backend`` over ZooKeeper, through kazoo.
 
 ZooKeeper's own lock recipe, with a fencing token: a lease is a session (``_sessions``); a join is an EPHEMERAL
-SEQUENTIAL node ``/<chroot>/<prefix>/<escaped name>/<nonce>-<lease hex>-<sequence>`` on its lease's session, the lowest sequence
-holds, and its creation zxid (``czxid``) is the token. A waiter watches only the node it waits on (the one ahead; a
-reader's newest writer ahead), a semaphore waiter the list of children; the grant rule is ``_shape``'s. The lock's
-own node is a CONTAINER that a join makes when missing; every delete of an entry also deletes it when left empty
-(a revoke, those of the closed session's entries), and the server reclaims one a dead session left: nothing stays
-per name. Sequence numbers start again with each new lock node: they order one queue, the zxid every holder of a
-name. A lock's record is the data of the lock's own node, set in one multi-op with a check of the writer's node,
-and pinned by an empty child. Releases are version-checked deletes of the ticket's own path; a retried join first
-looks for its nonce, so it never queues twice, and ``discard`` removes a node a late copy made. How it maps onto
-ZooKeeper: docs/operations/zookeeper.md.
+SEQUENTIAL node ``/<chroot>/<prefix>/<escaped name>/<nonce>-<lease hex>-<sequence>`` on its lease's session, the
+lowest sequence holds, and its creation zxid (``czxid``) is the token. A waiter watches only the node it waits on
+(the one ahead; a reader's newest writer ahead), a semaphore waiter the list of children; the grant rule is
+``_shape``'s. The lock's own node is a CONTAINER that a join makes when missing; every delete of an entry also
+deletes it when left empty (a revoke, those of the closed session's entries), and the server reclaims one a dead
+session left: nothing stays per name. Sequence numbers start again with each new lock node: they order one queue,
+the zxid every holder of a name. A lock's record is the data of the lock's own node, set in one multi-op with a
+check of the writer's node, and pinned by an empty child. Releases are version-checked deletes of the ticket's own
+path; a retried join first looks for its nonce and lease, so it never queues twice, and ``discard`` removes a node a
+late copy made. How it maps onto ZooKeeper: docs/operations/zookeeper.md.
 
 What can go wrong: servers down or between leaders (retried until ``request_timeout``, then ``BackendUnavailable``);
 a session the ensemble expired (``LeaseGone`` for a join on it; ``keep_alive`` reports it gone and the core declares
