@@ -5,7 +5,7 @@ waiting by LISTEN/NOTIFY or by polling: docs/operations/sql-table.md.
 
 A name's row in ``<prefix>_locks`` exists while its queue has an entry (or it keeps an election's record): a join
 makes or locks it (``insert_or_lock``), and every removal of entries locks the rows of their names first, in key
-order, then removes the row of each name left without entries (``_forget_emptied``). So a join and the removal of
+order, then removes the row of each name left without entries (``_queue.forget_emptied``). So a join and the removal of
 its row are serialised on that row: the removal sees the join's entry, or the join makes the row anew.
 
 Every request is one transaction at READ COMMITTED (SQLite: one writer at a time), retried within the request
@@ -28,7 +28,7 @@ import logging
 import math
 import secrets
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -79,7 +79,17 @@ from ._notify import (
     lock_channel,
     notify_removed,
 )
-from ._queue import Entry, WaitingPosition, place_of, read_entries, same_place, seconds
+from ._queue import (
+    Entry,
+    WaitingPosition,
+    forget_emptied,
+    lock_names,
+    place_of,
+    read_entries,
+    remove_entries_of,
+    same_place,
+    seconds,
+)
 from ._schema import create_missing_tables, lock_tables, name_key
 
 __all__ = ["SqlTableBackend"]
@@ -216,32 +226,6 @@ class SqlTableBackend:
 
     # -- queue reads ------------------------------------------------------------------------------------------
 
-    def _lock_names(self, connection: Connection, names: Collection[str]) -> None:
-        """Lock the ``<prefix>_locks`` rows of ``names`` until commit, in key order (two removals never deadlock), as
-        a join does before it takes an id: whoever removes entries locks first, so that a join of the same name
-        waits for the removal (and then finds its row gone and makes it anew) or the removal waits for the join (and
-        then sees its entry). A name without a row (made by a DBA's hand) is not locked: nothing will remove it."""
-        if not names:
-            return
-        locks = self._tables.locks
-        keys = sorted({name_key(name) for name in names})
-        connection.execute(
-            sa.select(locks.c.name_key).where(locks.c.name_key.in_(keys)).order_by(locks.c.name_key).with_for_update()
-        ).all()
-
-    def _forget_emptied(self, connection: Connection, names: Collection[str]) -> None:
-        """Remove the ``<prefix>_locks`` row of each of ``names`` whose queue is empty and that keeps no record (an
-        election's record stays). The caller locked the rows (``_lock_names``, a join's ``insert_or_lock``): a join
-        of these names waits for this transaction, and one that committed before is seen here (READ COMMITTED reads
-        what committed before each statement; SQLite has one writer)."""
-        if not names:
-            return
-        w, locks = self._tables.waiters, self._tables.locks
-        busy = set(connection.execute(sa.select(w.c.name).where(w.c.name.in_(set(names))).distinct()).scalars())
-        empty = [name_key(name) for name in set(names) - busy]
-        if empty:
-            connection.execute(sa.delete(locks).where(locks.c.name_key.in_(empty), locks.c.record.is_(None)))
-
     def _sweep(self, connection: Connection, name: str, dead: Sequence[Entry]) -> None:
         """Remove entries seen dead (their lease never comes back), each by its id, and the name's row with the
         last of them."""
@@ -249,30 +233,10 @@ class SqlTableBackend:
             return
         w = self._tables.waiters
         ids = [entry.id for entry in dead]
-        self._lock_names(connection, [name])
+        lock_names(connection, self._tables, [name])
         connection.execute(sa.delete(w).where(w.c.name == name, w.c.id.in_(ids)))
         self._removed(connection, name, ids)
-        self._forget_emptied(connection, [name])
-
-    def _remove_entries_of(self, connection: Connection, lease_ids: Sequence[int]) -> None:
-        """Remove every entry of the leases ``lease_ids`` (gone or going), their names' rows locked first, and the
-        row of each name whose queue this empties. A join of one of these leases that commits between the look and
-        the removal is found by the next look; one after the lease row is gone fails (its lease is not alive)."""
-        w = self._tables.waiters
-        locked: set[str] = set()
-        while True:
-            rows = connection.execute(sa.select(w.c.id, w.c.name).where(w.c.lease_id.in_(lease_ids))).all()
-            if not rows:
-                break
-            by_name: dict[str, list[int]] = {}
-            for row in rows:
-                by_name.setdefault(str(row.name), []).append(int(row.id))
-            self._lock_names(connection, by_name.keys() - locked)
-            locked |= by_name.keys()
-            connection.execute(sa.delete(w).where(w.c.id.in_([int(row.id) for row in rows])))
-            for name, ids in by_name.items():
-                self._removed(connection, name, ids)
-        self._forget_emptied(connection, locked)
+        forget_emptied(connection, self._tables, [name])
 
     def _read_place(self, connection: Connection, ticket: Ticket) -> Position:
         entries = read_entries(connection, self._tables, ticket.name, upto=ticket.token)
@@ -331,7 +295,7 @@ class SqlTableBackend:
             expired = sa.select(leases.c.id).where(leases.c.expires_at <= server_now())
             gone = [int(lease_id) for lease_id in connection.execute(expired).scalars()]
             if gone:
-                self._remove_entries_of(connection, gone)
+                remove_entries_of(connection, self._tables, gone, functools.partial(self._removed, connection))
                 connection.execute(sa.delete(leases).where(leases.c.id.in_(gone)))
 
         try:
@@ -364,7 +328,7 @@ class SqlTableBackend:
         leases, lease_id = self._tables.leases, lease.id
 
         def request(connection: Connection, each: Attempt) -> None:
-            self._remove_entries_of(connection, [lease_id])
+            remove_entries_of(connection, self._tables, [lease_id], functools.partial(self._removed, connection))
             connection.execute(sa.delete(leases).where(leases.c.id == lease_id))
 
         self._run(f"revoke lease {lease_id:x}", request)
@@ -489,11 +453,11 @@ class SqlTableBackend:
         w = self._tables.waiters
 
         def request(connection: Connection, each: Attempt) -> bool:
-            self._lock_names(connection, [ticket.name])
+            lock_names(connection, self._tables, [ticket.name])
             deleted = connection.execute(sa.delete(w).where(w.c.id == ticket.token, w.c.name == ticket.name))
             if deleted.rowcount:
                 self._removed(connection, ticket.name, [ticket.token])
-                self._forget_emptied(connection, [ticket.name])
+                forget_emptied(connection, self._tables, [ticket.name])
             return bool(deleted.rowcount)
 
         deleted, attempts = self._run(f"release lock {ticket.name!r}", request)

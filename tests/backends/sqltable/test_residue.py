@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from threading import Event
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from _support import SQL_TABLES, LockServer, Worker, wait_until
 
 import distlock
 import distlock.backends
+from distlock.backends.sqltable import _backend as sqltable_backend
 from distlock.backends.sqltable._dialects import server_now
 from distlock.testing import MariaDBServer
 
@@ -154,14 +156,15 @@ def test_an_expired_holders_rows_go_with_the_next_read_of_its_queue_and_the_next
     assert tables.rows() == EMPTY
 
 
-def _pause_once(backend: Any, method: str, after: bool) -> tuple[threading.Event, threading.Event]:
-    """Make the next call of ``backend.method`` from any thread stop (before or ``after`` its work, inside its
-    transaction) until ``go`` is set; ``paused`` is set when it stops."""
+def _pause_once(monkeypatch: pytest.MonkeyPatch, target: Any, name: str, after: bool) -> tuple[Event, Event]:
+    """Make the next call of ``target.name`` (a function of the backend's module, or a method of one backend), from
+    any thread, stop (before or ``after`` its work, inside its transaction) until ``go`` is set; ``paused`` is set
+    when it stops."""
     paused, go = threading.Event(), threading.Event()
-    original: Callable[..., Any] = getattr(backend, method)
+    original: Callable[..., Any] = getattr(target, name)
 
     def stopping(*args: Any, **kwargs: Any) -> Any:
-        setattr(backend, method, original)
+        monkeypatch.setattr(target, name, original)
         if not after:
             paused.set()
             assert go.wait(30)
@@ -171,7 +174,7 @@ def _pause_once(backend: Any, method: str, after: bool) -> tuple[threading.Event
             assert go.wait(30)
         return result
 
-    setattr(backend, method, stopping)
+    monkeypatch.setattr(target, name, stopping)
     return paused, go
 
 
@@ -192,7 +195,9 @@ def _until_blocked(tables: Tables, client: distlock.Client) -> Callable[[], obje
     return lambda: wait_until(began.is_set, 10, "the second transaction to begin")
 
 
-def test_a_join_that_waits_for_the_removal_of_its_names_row_makes_it_anew(tables: Tables) -> None:
+def test_a_join_that_waits_for_the_removal_of_its_names_row_makes_it_anew(
+    tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The last holder's release locks the name's row, removes its entry and the row, and stops before committing;
     a join of that name then waits for it, and makes the row again once it commits: the join holds, on a row."""
     with distlock.connect(tables.url) as first, distlock.connect(tables.url) as second:
@@ -201,7 +206,7 @@ def test_a_join_that_waits_for_the_removal_of_its_names_row_makes_it_anew(tables
         token = lock.token
         with second.lock("warm-up", ttl=LONG):  # its lease: the join below is one transaction
             pass
-        paused, go = _pause_once(first._backend, "_forget_emptied", after=True)
+        paused, go = _pause_once(monkeypatch, sqltable_backend, "forget_emptied", after=True)  # first's release
         releasing = threading.Thread(target=lock.release)
         releasing.start()
         assert paused.wait(10)
@@ -221,7 +226,7 @@ def test_a_join_that_waits_for_the_removal_of_its_names_row_makes_it_anew(tables
         assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 0}
 
 
-def test_a_removal_that_waits_for_a_join_keeps_the_names_row(tables: Tables) -> None:
+def test_a_removal_that_waits_for_a_join_keeps_the_names_row(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
     """A join locks the name's row and adds its entry, and stops before committing; the holder's release waits for
     it, then sees the entry and leaves the row, which the joiner holds next."""
     with distlock.connect(tables.url) as first, distlock.connect(tables.url) as second:
@@ -229,7 +234,7 @@ def test_a_removal_that_waits_for_a_join_keeps_the_names_row(tables: Tables) -> 
         assert lock.acquire()
         with second.lock("warm-up", ttl=LONG):
             pass
-        paused, go = _pause_once(second._backend, "_read_place", after=False)
+        paused, go = _pause_once(monkeypatch, second._backend, "_read_place", after=False)
         joiner = second.lock("contended", ttl=LONG)
         got: list[bool] = []
         joining = threading.Thread(target=lambda: got.append(joiner.acquire(timeout=10)))
