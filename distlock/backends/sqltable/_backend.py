@@ -4,8 +4,8 @@ How it works — leases on the database server's clock, row ids as tokens, joins
 waiting by LISTEN/NOTIFY or by polling: docs/operations/sql-table.md.
 
 A name's row in ``<prefix>_locks`` exists while its queue has an entry (or it keeps an election's record): a join
-makes or locks it (``insert_or_lock``), and every removal of entries locks the rows of their names first, in key
-order, then removes the row of each name left without entries (``_queue.forget_emptied``). So a join and the removal of
+makes or locks it (``insert_or_lock``), and a removal of entries locks the rows of their names (in key order), then
+removes the row of each name left without entries (``_queue``: ``forget_emptied``, ``forget_if_emptied``). So a join and the removal of
 its row are serialised on that row: the removal sees the join's entry, or the join makes the row anew.
 
 Every request is one transaction at READ COMMITTED (SQLite: one writer at a time), retried within the request
@@ -83,6 +83,7 @@ from ._queue import (
     Entry,
     WaitingPosition,
     forget_emptied,
+    forget_if_emptied,
     lock_names,
     place_of,
     read_entries,
@@ -453,11 +454,10 @@ class SqlTableBackend:
         w = self._tables.waiters
 
         def request(connection: Connection, each: Attempt) -> bool:
-            lock_names(connection, self._tables, [ticket.name])
             deleted = connection.execute(sa.delete(w).where(w.c.id == ticket.token, w.c.name == ticket.name))
             if deleted.rowcount:
                 self._removed(connection, ticket.name, [ticket.token])
-                forget_emptied(connection, self._tables, [ticket.name])
+                forget_if_emptied(connection, self._tables, ticket.name)
             return bool(deleted.rowcount)
 
         deleted, attempts = self._run(f"release lock {ticket.name!r}", request)

@@ -1,8 +1,9 @@
 """A lock's queue in the SQL lock table, read: its entries in id order with their lease's time left by the database
 server's clock (:func:`read_entries`), and where an entry stands among the live ones by the grant rule of
 ``_shape`` (:func:`place_of`), with what a waiter needs to wait well (:class:`WaitingPosition`); and what a removal
-of entries does with their names' rows in ``<prefix>_locks``: lock them first (:func:`lock_names`), remove those left
-without entries after (:func:`forget_emptied`); a lease's entries removed so (:func:`remove_entries_of`).
+of entries does with their names' rows in ``<prefix>_locks``: lock them first (:func:`lock_names`), remove those
+left without entries after (:func:`forget_emptied`; a release: :func:`forget_if_emptied`), as when a lease's
+entries go (:func:`remove_entries_of`).
 
 An entry whose lease expired, or whose lease row is gone, is dead: its lease never comes back, so whoever reads it
 dead may remove it (the backend does, in the same transaction). What can go wrong: nothing is raised here; a read
@@ -27,6 +28,7 @@ __all__ = [
     "Entry",
     "WaitingPosition",
     "forget_emptied",
+    "forget_if_emptied",
     "lock_names",
     "place_of",
     "read_entries",
@@ -153,3 +155,16 @@ def remove_entries_of(
         for name, ids in by_name.items():
             removed(name, ids)
     forget_emptied(connection, tables, locked)
+
+
+def forget_if_emptied(connection: Connection, tables: Tables, name: str) -> None:
+    """After a release removed its entry: when ``name``'s queue looks empty, lock its row, look again (a join may have
+    committed before the lock) and remove it. A hand-over (the queue is not empty) costs one read, no lock.
+
+    Unlike the other removals, this one locks the row after removing an entry (a release must stay cheap): a join
+    that holds the row and removes that same entry as dead (its lease ran out as it was released) waits for this
+    transaction while this one waits for the row, a deadlock the database breaks, and the loser is retried."""
+    w = tables.waiters
+    if connection.execute(sa.select(w.c.id).where(w.c.name == name).limit(1)).first() is None:
+        lock_names(connection, tables, [name])
+        forget_emptied(connection, tables, [name])

@@ -18,7 +18,7 @@ from _support import SQL_TABLES, LockServer, Worker, wait_until
 
 import distlock
 import distlock.backends
-from distlock.backends.sqltable import _backend as sqltable_backend
+from distlock.backends.sqltable import _queue as sqltable_queue
 from distlock.backends.sqltable._dialects import server_now
 from distlock.testing import MariaDBServer
 
@@ -206,7 +206,7 @@ def test_a_join_that_waits_for_the_removal_of_its_names_row_makes_it_anew(
         token = lock.token
         with second.lock("warm-up", ttl=LONG):  # its lease: the join below is one transaction
             pass
-        paused, go = _pause_once(monkeypatch, sqltable_backend, "forget_emptied", after=True)  # first's release
+        paused, go = _pause_once(monkeypatch, sqltable_queue, "forget_emptied", after=True)  # first's release
         releasing = threading.Thread(target=lock.release)
         releasing.start()
         assert paused.wait(10)
