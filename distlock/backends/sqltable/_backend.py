@@ -5,8 +5,9 @@ waiting by LISTEN/NOTIFY or by polling: docs/operations/sql-table.md.
 
 A name's row in ``<prefix>_locks`` exists while its queue has an entry (or it keeps an election's record): a join
 makes or locks it (``insert_or_lock``), and a removal of entries locks the rows of their names (in key order), then
-removes the row of each name left without entries (``_queue``: ``forget_emptied``, ``forget_if_emptied``). So a join and the removal of
-its row are serialised on that row: the removal sees the join's entry, or the join makes the row anew.
+removes the row of each name left without entries (``_queue``: ``forget_emptied``, ``forget_if_emptied``). So a
+join and the removal of its row are serialised on that row: the removal sees the join's entry, or the join makes the
+row anew.
 
 Every request is one transaction at READ COMMITTED (SQLite: one writer at a time), retried within the request
 timeout, and safe to send again: a join sent again first looks for its own nonce; removals are by id and name,
