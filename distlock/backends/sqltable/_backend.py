@@ -3,6 +3,12 @@ application's own database, through SQLAlchemy Core (PostgreSQL with psycopg, Ma
 How it works — leases on the database server's clock, row ids as tokens, joins of one lock serialised on its row,
 waiting by LISTEN/NOTIFY or by polling: docs/operations/sql-table.md.
 
+A name's row in ``<prefix>_locks`` exists while its queue has an entry (or it keeps an election's record): a join
+makes or locks it (``insert_or_lock``), and a removal of entries locks the rows of their names (in key order), then
+removes the row of each name left without entries (``_queue``: ``forget_emptied``, ``forget_if_emptied``). So a
+join and the removal of its row are serialised on that row: the removal sees the join's entry, or the join makes the
+row anew.
+
 Every request is one transaction at READ COMMITTED (SQLite: one writer at a time), retried within the request
 timeout, and safe to send again: a join sent again first looks for its own nonce; removals are by id and name,
 never by name alone (a force release is the core's ``head`` then ``dequeue`` at the token it saw); refreshes extend
@@ -61,7 +67,7 @@ from ._dialects import (
     create_engine,
     driver_socket,
     error_table,
-    insert_ignore,
+    insert_or_lock,
     server_now,
     set_up_sessions,
 )
@@ -74,7 +80,18 @@ from ._notify import (
     lock_channel,
     notify_removed,
 )
-from ._queue import Entry, WaitingPosition, place_of, read_entries, same_place, seconds
+from ._queue import (
+    Entry,
+    WaitingPosition,
+    forget_emptied,
+    forget_if_emptied,
+    lock_names,
+    place_of,
+    read_entries,
+    remove_entries_of,
+    same_place,
+    seconds,
+)
 from ._schema import create_missing_tables, lock_tables, name_key
 
 __all__ = ["SqlTableBackend"]
@@ -212,13 +229,16 @@ class SqlTableBackend:
     # -- queue reads ------------------------------------------------------------------------------------------
 
     def _sweep(self, connection: Connection, name: str, dead: Sequence[Entry]) -> None:
-        """Remove entries seen dead (their lease never comes back), each by its id."""
+        """Remove entries seen dead (their lease never comes back), each by its id, and the name's row with the
+        last of them."""
         if not dead:
             return
         w = self._tables.waiters
         ids = [entry.id for entry in dead]
+        lock_names(connection, self._tables, [name])
         connection.execute(sa.delete(w).where(w.c.name == name, w.c.id.in_(ids)))
         self._removed(connection, name, ids)
+        forget_emptied(connection, self._tables, [name])
 
     def _read_place(self, connection: Connection, ticket: Ticket) -> Position:
         entries = read_entries(connection, self._tables, ticket.name, upto=ticket.token)
@@ -268,15 +288,16 @@ class SqlTableBackend:
             return request(connection, each)
 
     def _remove_expired_leases(self) -> None:
-        """Housekeeping, best effort: expired leases and their entries go (each client does it once per lease it is
-        granted). An entry ahead of a waiter is removed by that waiter anyway when it finds it dead."""
-        leases, w = self._tables.leases, self._tables.waiters
+        """Housekeeping, best effort: expired leases, their entries, and the rows of the names they leave without
+        entries go (each client does it once per lease it is granted). An entry ahead of a waiter is removed by that
+        waiter anyway when it finds it dead."""
+        leases = self._tables.leases
 
         def request(connection: Connection, each: Attempt) -> None:
             expired = sa.select(leases.c.id).where(leases.c.expires_at <= server_now())
             gone = [int(lease_id) for lease_id in connection.execute(expired).scalars()]
             if gone:
-                connection.execute(sa.delete(w).where(w.c.lease_id.in_(gone)))
+                remove_entries_of(connection, self._tables, gone, functools.partial(self._removed, connection))
                 connection.execute(sa.delete(leases).where(leases.c.id.in_(gone)))
 
         try:
@@ -306,17 +327,11 @@ class SqlTableBackend:
         return ttl
 
     def revoke_lease(self, lease: Lease, tickets: Sequence[Ticket]) -> None:
-        leases, w, lease_id = self._tables.leases, self._tables.waiters, lease.id
+        leases, lease_id = self._tables.leases, lease.id
 
         def request(connection: Connection, each: Attempt) -> None:
-            rows = connection.execute(sa.select(w.c.id, w.c.name).where(w.c.lease_id == lease_id)).all()
-            connection.execute(sa.delete(w).where(w.c.lease_id == lease_id))
+            remove_entries_of(connection, self._tables, [lease_id], functools.partial(self._removed, connection))
             connection.execute(sa.delete(leases).where(leases.c.id == lease_id))
-            by_name: dict[str, list[int]] = {}
-            for row in rows:
-                by_name.setdefault(str(row.name), []).append(int(row.id))
-            for name, ids in by_name.items():
-                self._removed(connection, name, ids)
 
         self._run(f"revoke lease {lease_id:x}", request)
 
@@ -329,13 +344,10 @@ class SqlTableBackend:
         what = f"enqueue for lock {name!r}"
 
         def request(connection: Connection, each: Attempt) -> tuple[Ticket, Position]:
-            # Joins of one lock take their ids one at a time (docs/operations/sql-table.md, "Tokens never repeat").
-            # Lock the row first, and make it only when missing: on MariaDB an INSERT IGNORE that meets the row takes
-            # a shared lock on it, and two joins each holding one and asking for the exclusive lock would deadlock.
-            lock_row = sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update()
-            if connection.execute(lock_row).first() is None:
-                connection.execute(insert_ignore(self._dialect, locks, name_key=key))
-                connection.execute(lock_row)
+            # Joins of one lock take their ids one at a time (docs/operations/sql-table.md, "Tokens never repeat"):
+            # each makes or locks the lock's row first, in one statement. A removal of the row (its queue emptied)
+            # that holds it is waited for, and then the row is made anew; never do a join and a removal both pass.
+            connection.execute(insert_or_lock(self._dialect, locks, name_key=key))
             alive = connection.execute(
                 sa.select(leases.c.id).where(leases.c.id == lease_id, leases.c.expires_at > server_now())
             ).first()
@@ -446,6 +458,7 @@ class SqlTableBackend:
             deleted = connection.execute(sa.delete(w).where(w.c.id == ticket.token, w.c.name == ticket.name))
             if deleted.rowcount:
                 self._removed(connection, ticket.name, [ticket.token])
+                forget_if_emptied(connection, self._tables, ticket.name)
             return bool(deleted.rowcount)
 
         deleted, attempts = self._run(f"release lock {ticket.name!r}", request)

@@ -1,7 +1,8 @@
 """What differs between the SQL lock table's databases (PostgreSQL with psycopg, MariaDB/MySQL with PyMySQL,
-SQLite), kept out of the backend: the server's clock in SQL (:class:`server_now`), an insert that skips an existing
-row (:func:`insert_ignore`), each driver's connection arguments and session set-up (:func:`create_engine`), the
-socket under a driver connection (:func:`driver_socket`), and how each driver's errors read (:func:`error_table`).
+SQLite), kept out of the backend: the server's clock in SQL (:class:`server_now`), one statement that makes a row or
+locks the existing one (:func:`insert_or_lock`), each driver's connection arguments and session set-up
+(:func:`create_engine`), the socket under a driver connection (:func:`driver_socket`), and how each driver's errors
+read (:func:`error_table`).
 
 What can go wrong: an unknown dialect or a driver that is not installed is a ``ConfigurationError`` from
 :func:`create_engine`. A driver error is retried when it means "not now" (a lost or refused connection, a server
@@ -39,7 +40,7 @@ __all__ = [
     "create_engine",
     "driver_socket",
     "error_table",
-    "insert_ignore",
+    "insert_or_lock",
     "retryable",
     "server_now",
     "set_up_sessions",
@@ -73,13 +74,25 @@ def _now_sqlite(element: server_now, compiler: SQLCompiler, **kw: Any) -> str:
     return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
-def insert_ignore(dialect: str, table: sa.Table, **values: Any) -> Any:
-    """An INSERT of ``values`` into ``table`` that does nothing when the row's key exists."""
+def insert_or_lock(dialect: str, table: sa.Table, **values: Any) -> Any:
+    """An INSERT of ``values`` into ``table`` that, when the row's key exists, locks that row instead (until commit),
+    in one atomic statement: a row another transaction is deleting is waited for, then made anew.
+
+    PostgreSQL: ``ON CONFLICT DO UPDATE ... WHERE false`` locks the conflicting row and writes nothing (its docs: the
+    row is locked even when the condition fails); when the row it waited for is deleted, it inserts instead. MariaDB:
+    ``ON DUPLICATE KEY UPDATE`` takes an exclusive lock on the duplicate (an ``INSERT IGNORE`` takes a shared one,
+    and two joins each holding one and asking for the exclusive lock would deadlock); the update sets the key to
+    itself, which changes nothing. SQLite has no row locks: one writer at a time (``BEGIN IMMEDIATE``) serialises."""
+    key = [column.name for column in table.primary_key.columns]
     if dialect == "postgresql":
-        return sa_postgresql.insert(table).values(**values).on_conflict_do_nothing()
+        upsert = sa_postgresql.insert(table).values(**values)
+        return upsert.on_conflict_do_update(
+            index_elements=key, set_={name: upsert.excluded[name] for name in key}, where=sa.false()
+        )
     if dialect == "sqlite":
         return sa_sqlite.insert(table).values(**values).on_conflict_do_nothing()
-    return sa_mysql.insert(table).values(**values).prefix_with("IGNORE")
+    upsert_mysql = sa_mysql.insert(table).values(**values)
+    return upsert_mysql.on_duplicate_key_update({name: upsert_mysql.inserted[name] for name in key})
 
 
 # -- errors ----------------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@
 
     <prefix>_leases   (id, ttl, expires_at)                  one row per client session lease
     <prefix>_waiters  (id, name, lease_id, nonce, owner)     one row per queue entry; id is the fencing token
-    <prefix>_locks    (name_key, record)                     one row per lock name ever used: serialises joins,
-                                                             and keeps the lock's record
+    <prefix>_locks    (name_key, record)                     one row per lock name with an entry (or an election's
+                                                             record): serialises joins, keeps the record
 
 What can go wrong: nothing here talks to a database but :func:`create_missing_tables`, whose errors (no privilege
 to create, a concurrent creator) its caller retries or translates. Why the ids never repeat on each database:
@@ -94,10 +94,6 @@ def table_ddl(url: URL, prefix: str) -> list[str]:
             for index in sorted(table.indexes, key=lambda index: str(index.name))
         )
     return statements
-
-
-def _name_key(name: str) -> str:
-    return hashlib.sha256(name.encode("utf-8")).hexdigest()
 
 
 def create_missing_tables(connection: Connection, tables: Tables) -> None:

@@ -1,0 +1,304 @@
+"""Nothing is left per lock name in the SQL lock table once its holders and waiters are gone (released, given up, or
+their lease expired): no entry, no lease, no row in ``<prefix>_locks`` (but an election's record, by design); a join
+racing the removal of its name's row keeps its serialisation, in either order; tokens keep increasing after every
+row is deleted and the database restarts; a queue read touches only its name's live entries, however often the name
+was taken. Each test has tables of its own (a fresh ``?prefix=``), so "nothing left" is "the tables are empty"."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from threading import Event
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from _support import SQL_TABLES, LockServer, Worker, wait_until
+
+import distlock
+import distlock.backends
+from distlock.backends.sqltable import _queue as sqltable_queue
+from distlock.backends.sqltable._dialects import server_now
+from distlock.testing import MariaDBServer
+
+pytestmark = [pytest.mark.every_database, pytest.mark.parametrize("backend", SQL_TABLES, indirect=True)]
+
+TABLES = ("leases", "waiters", "locks")
+
+
+def _with_prefix(url: str, prefix: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}prefix={prefix}"
+
+
+class Tables:
+    """A lock table of the test's own (``url``), read and dropped through an engine of the test's."""
+
+    def __init__(self, url: str, mariadb: MariaDBServer | None = None) -> None:
+        self.mariadb = mariadb  # its root sees other sessions' lock waits (the lock table's user may not)
+        self.prefix = f"res_{uuid.uuid4().hex[:10]}"
+        self.url = _with_prefix(url, self.prefix)
+        config: Any = distlock.backends.parse_url(self.url)
+        self.engine = sa.create_engine(config.url)
+        self.dialect = self.engine.dialect.name
+
+    def rows(self) -> dict[str, int]:
+        with self.engine.connect() as connection:
+            return {
+                table: int(connection.execute(sa.text(f"SELECT COUNT(*) FROM {self.prefix}_{table}")).scalar_one())
+                for table in TABLES
+            }
+
+    def scalar(self, statement: sa.Executable) -> Any:
+        with self.engine.connect() as connection:
+            return connection.execute(statement).scalar()
+
+    def lock_waits(self) -> int:
+        """Transactions of this database waiting for a row lock (PostgreSQL, MariaDB)."""
+        if self.mariadb is not None:
+            return int(
+                self.mariadb.sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+            )
+        return int(self.scalar(sa.text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")))
+
+    def drop(self) -> None:
+        with self.engine.begin() as connection:
+            for table in TABLES:
+                connection.execute(sa.text(f"DROP TABLE IF EXISTS {self.prefix}_{table}"))
+        self.engine.dispose()
+
+
+@pytest.fixture
+def tables(backend: str, backend_url: str, request: pytest.FixtureRequest) -> Iterator[Tables]:
+    own = Tables(backend_url, request.getfixturevalue("mariadb_server") if backend == "mariadb-table" else None)
+    try:
+        yield own
+    finally:
+        own.drop()
+
+
+EMPTY = dict.fromkeys(TABLES, 0)
+#: A lease no keeper refreshes within a test (every LONG / 3 seconds): the race tests count transactions.
+LONG = 300
+
+
+def test_nothing_is_left_after_every_holder_and_waiter_is_gone(tables: Tables) -> None:
+    with distlock.connect(tables.url) as client:
+        for number in range(300):
+            with client.lock(f"order:{number}", ttl=10):
+                pass
+        with client.lock("taken", ttl=10):  # a waiter that gives up
+            assert not client.lock("taken", ttl=10).acquire(timeout=0)
+        semaphore = [client.semaphore("pool", 2, ttl=10) for _ in range(3)]
+        assert semaphore[0].acquire() and semaphore[1].acquire() and not semaphore[2].acquire(timeout=0)
+        for slot in semaphore[:2]:
+            slot.release()
+        rw = client.rwlock("document", ttl=10)
+        readers = [rw.read() for _ in range(2)]
+        for reader in readers:
+            assert reader.acquire()
+        assert not rw.write().acquire(timeout=0)
+        for reader in readers:
+            reader.release()
+        with rw.write():
+            pass
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0}  # the open client's lease
+        with client.election("unrecorded", ttl=10):
+            pass
+        with client.election("leader", ttl=10) as election:
+            election.record("the ledger")
+    # An election's record lives on, by design: the one row left.
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 1}
+    with distlock.connect(tables.url) as client:
+        assert client.election("leader").recorded() == b"the ledger"
+
+
+def test_a_closed_clients_entries_go_with_its_lease(tables: Tables) -> None:
+    with distlock.connect(tables.url) as holder:
+        with distlock.connect(tables.url) as other:
+            held = [other.lock(f"held:{number}", ttl=10) for number in range(20)]
+            for lock in held:
+                assert lock.acquire()
+            waiting = holder.lock("held:0", ttl=10)
+            assert not waiting.acquire(timeout=0)
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0}
+    assert tables.rows() == EMPTY
+
+
+def _expired_leases(tables: Tables) -> int:
+    leases = sa.table(f"{tables.prefix}_leases", sa.column("expires_at"))
+    return int(tables.scalar(sa.select(sa.func.count()).select_from(leases).where(leases.c.expires_at <= server_now())))
+
+
+def test_an_expired_holders_rows_go_with_the_next_read_of_its_queue_and_the_next_lease_granted(tables: Tables) -> None:
+    """Nobody removes a crashed client's rows for it: the next join or read of its lock's queue removes its entry
+    there (and the name's row when that empties the queue), and the next lease granted to any client removes every
+    expired lease with its entries."""
+    holder, semaphore_holder = Worker(tables.url), Worker(tables.url)
+    try:
+        with distlock.connect(tables.url) as client:
+            with client.lock("warm-up", ttl=10):  # this client's lease is granted before the others expire
+                pass
+            assert holder.call(op="acquire", name="crashed", ttl=1)["acquired"]
+            assert semaphore_holder.call(op="acquire", name="pool", limit=2, ttl=1)["acquired"]
+            holder.kill()
+            semaphore_holder.kill()
+            wait_until(lambda: _expired_leases(tables) == 2, 10, "both leases to expire by the database's clock")
+            assert tables.rows() == {"leases": 3, "waiters": 2, "locks": 2}
+            with client.lock("crashed", ttl=10, timeout=0):  # the join finds the dead holder and removes it
+                assert tables.rows() == {"leases": 3, "waiters": 2, "locks": 2}
+            assert tables.rows() == {"leases": 3, "waiters": 1, "locks": 1}
+            with distlock.connect(tables.url) as newcomer, newcomer.lock("other", ttl=10):
+                assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1}  # the two live clients' own
+    finally:
+        holder.close()
+        semaphore_holder.close()
+    assert tables.rows() == EMPTY
+
+
+def _pause_once(monkeypatch: pytest.MonkeyPatch, target: Any, name: str, after: bool) -> tuple[Event, Event]:
+    """Make the next call of ``target.name`` (a function of the backend's module, or a method of one backend), from
+    any thread, stop (before or ``after`` its work, inside its transaction) until ``go`` is set; ``paused`` is set
+    when it stops."""
+    paused, go = threading.Event(), threading.Event()
+    original: Callable[..., Any] = getattr(target, name)
+
+    def stopping(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(target, name, original)
+        if not after:
+            paused.set()
+            assert go.wait(30)
+        result = original(*args, **kwargs)
+        if after:
+            paused.set()
+            assert go.wait(30)
+        return result
+
+    monkeypatch.setattr(target, name, stopping)
+    return paused, go
+
+
+def _until_blocked(tables: Tables, client: distlock.Client) -> Callable[[], object]:
+    """What waits for ``client``'s next transaction to be blocked by another's: a lock wait on PostgreSQL and
+    MariaDB; on SQLite (one writer at a time), that it is about to begin, which it cannot while another writes.
+    (The client's leases are long: no refresh of its keeper begins meanwhile.)"""
+    if tables.dialect != "sqlite":
+        return lambda: wait_until(lambda: tables.lock_waits() == 1, 10, "the second transaction to wait for a lock")
+    backend: Any = client._backend
+    transaction, began = backend._transaction, threading.Event()
+
+    def beginning(*args: Any, **kwargs: Any) -> Any:
+        began.set()
+        return transaction(*args, **kwargs)
+
+    backend._transaction = beginning
+    return lambda: wait_until(began.is_set, 10, "the second transaction to begin")
+
+
+def test_a_join_that_waits_for_the_removal_of_its_names_row_makes_it_anew(
+    tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last holder's release locks the name's row, removes its entry and the row, and stops before committing;
+    a join of that name then waits for it, and makes the row again once it commits: the join holds, on a row."""
+    with distlock.connect(tables.url) as first, distlock.connect(tables.url) as second:
+        lock = first.lock("contended", ttl=LONG)
+        assert lock.acquire()
+        token = lock.token
+        with second.lock("warm-up", ttl=LONG):  # its lease: the join below is one transaction
+            pass
+        paused, go = _pause_once(monkeypatch, sqltable_queue, "forget_emptied", after=True)  # first's release
+        releasing = threading.Thread(target=lock.release)
+        releasing.start()
+        assert paused.wait(10)
+        joiner = second.lock("contended", ttl=LONG)
+        got: list[bool] = []
+        joining = threading.Thread(target=lambda: got.append(joiner.acquire(timeout=10)))
+        wait_blocked = _until_blocked(tables, second)
+        joining.start()
+        wait_blocked()
+        go.set()
+        releasing.join(10)
+        joining.join(10)
+        assert got == [True]
+        assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1}
+        assert joiner.token > token
+        joiner.release()
+        assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 0}
+
+
+def test_a_removal_that_waits_for_a_join_keeps_the_names_row(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A join locks the name's row and adds its entry, and stops before committing; the holder's release waits for
+    it, then sees the entry and leaves the row, which the joiner holds next."""
+    with distlock.connect(tables.url) as first, distlock.connect(tables.url) as second:
+        lock = first.lock("contended", ttl=LONG)
+        assert lock.acquire()
+        with second.lock("warm-up", ttl=LONG):
+            pass
+        paused, go = _pause_once(monkeypatch, second._backend, "_read_place", after=False)
+        joiner = second.lock("contended", ttl=LONG)
+        got: list[bool] = []
+        joining = threading.Thread(target=lambda: got.append(joiner.acquire(timeout=10)))
+        joining.start()
+        assert paused.wait(10)
+        releasing = threading.Thread(target=lock.release)
+        wait_blocked = _until_blocked(tables, first)
+        releasing.start()
+        wait_blocked()
+        go.set()
+        releasing.join(10)
+        joining.join(10)
+        assert got == [True]
+        assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1}
+        joiner.release()
+        assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 0}
+
+
+@pytest.fixture
+def private_tables(lock_server: LockServer) -> Iterator[Tables]:
+    own = Tables(lock_server.url, lock_server.server if isinstance(lock_server.server, MariaDBServer) else None)
+    try:
+        yield own
+    finally:
+        own.drop()
+
+
+def test_tokens_keep_increasing_after_every_row_is_deleted_and_the_database_restarts(
+    lock_server: LockServer, private_tables: Tables
+) -> None:
+    """PostgreSQL's sequence, MariaDB's InnoDB counter (kept across restarts since 10.2.4) and SQLite's
+    AUTOINCREMENT (``sqlite_sequence``) never go back, though the tables are empty: a counter taken from the largest
+    id left (a plain SQLite INTEGER PRIMARY KEY, MariaDB before 10.2.4 at startup) would repeat the last token."""
+    tokens = []
+    for restart in (False, True):
+        if restart:
+            private_tables.engine.dispose()
+            lock_server.restart()  # SQLite: a file, opened anew by the next client
+        for name in ("same", "same", "another"):
+            with distlock.connect(private_tables.url) as client, client.lock(name, ttl=10) as lock:
+                tokens.append(lock.token)
+            assert private_tables.rows() == EMPTY
+    assert tokens == sorted(set(tokens)), tokens
+
+
+def test_a_queue_read_touches_only_the_live_entries_of_its_name(tables: Tables) -> None:
+    """However often a name was taken, its rows are its live entries (and its row in ``<prefix>_locks``): the
+    queue read, an index range scan on (name, id), returns the same rows after one acquisition as after two
+    hundred. On PostgreSQL, EXPLAIN ANALYZE of that read says how many rows its scan returned."""
+    waiters = sa.table(f"{tables.prefix}_waiters", sa.column("id"), sa.column("name"))
+
+    def rows_read() -> int:
+        if tables.dialect != "postgresql":
+            return int(tables.scalar(sa.select(sa.func.count()).select_from(waiters).where(waiters.c.name == "hot")))
+        query = sa.text(f"EXPLAIN (ANALYZE, FORMAT JSON) SELECT id FROM {tables.prefix}_waiters WHERE name = 'hot'")
+        plan = tables.scalar(query)[0]["Plan"]
+        return int(plan["Actual Rows"]) + int(plan.get("Rows Removed by Filter", 0))
+
+    with distlock.connect(tables.url) as client:
+        seen = []
+        for taken in range(200):
+            with client.lock("hot", ttl=10):
+                if taken in (0, 199):
+                    seen.append(rows_read())
+        assert seen == [1, 1]
+        assert rows_read() == 0
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0}
