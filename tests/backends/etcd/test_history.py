@@ -1,4 +1,5 @@
-"""etcd only: what a lock's reads step over does not grow with the number of times the lock was taken.
+"""etcd only: what a lock's reads step over does not grow with the number of times the lock was taken, and nothing
+is left under the prefix once every holder and waiter is gone.
 
 etcd keeps, until the operator compacts, an index entry for every key name ever made, and a range read over a lock's
 prefix (every join's and every waiter's read) walks the entries of every name in the range, deleted or not. With a
@@ -15,6 +16,7 @@ put made under it since, and the distinct key names among them are the index ent
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -122,3 +124,32 @@ def test_tokens_of_threads_sharing_a_lease_strictly_increase_in_grant_order(etcd
             thread.join(60)
     assert len(granted) == THREADS * TURNS
     assert granted == sorted(set(granted))
+
+
+def test_names_taken_and_released_leave_nothing(etcd_url: str) -> None:
+    prefix = f"residue-{uuid.uuid4().hex[:8]}"
+
+    def stored(backend: EtcdBackend) -> int:
+        start = f"{prefix}/".encode()
+        request = etcdrpc.RangeRequest(key=start, range_end=prefix_end(start), count_only=True)
+        response, _ = backend._channels.unary("count keys", "Range", request)
+        return int(response.count)
+
+    with distlock.connect(etcd_url) as operator:
+        checker = operator._backend
+        assert isinstance(checker, EtcdBackend)
+        with distlock.connect(f"{etcd_url}?prefix={prefix}") as client:
+            for number in range(300):
+                with client.lock(f"order:{number}", ttl=10):
+                    pass
+            with client.semaphore("pool", 2, ttl=10), client.semaphore("pool", 2, ttl=10):
+                assert not client.semaphore("pool", 2, ttl=10).acquire(blocking=False)  # given up: its key leaves
+            rwlock = client.rwlock("document", ttl=10)
+            with rwlock.read(), rwlock.read():
+                assert not rwlock.write().acquire(blocking=False)
+            with rwlock.write():
+                pass
+            assert stored(checker) == 0
+            assert client.lock("held-at-close", ttl=10).acquire()
+            assert stored(checker) == 1
+        assert stored(checker) == 0, "the close revoked the lease, and the held key with it"
