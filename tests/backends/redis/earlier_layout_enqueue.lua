@@ -1,5 +1,5 @@
 -- The join of distlock's earlier Redis key layout (layout 2: members without a layout mark, '~token' never
--- deleted): helpers.lua and enqueue.lua as they were at commit 69ef0eb, for tests/backends/redis/test_residue.py's
+-- deleted): helpers.lua and enqueue.lua as they were at commit 69ef0eb, for tests/backends/redis/test_redis_residue.py's
 -- rolling-upgrade test. Run it after the line: local LAST, WAKE_TTL_MS = '~token', 600000
 -- The helpers the queue scripts share (enqueue, position, remove, head): _scripts.py puts this file in front of
 -- each of them when it loads them, after one line that defines LAST (the queue's last member, '~token', whose
