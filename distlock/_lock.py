@@ -40,7 +40,7 @@ from ._errors import (
     LockNotOwned,
 )
 from ._lockoptions import LockOptions, check_options
-from ._protocol import Interrupt, LeaseGone, Ticket, owner_record
+from ._protocol import Interrupt, LeaseGone, Ticket, default_owner, owner_record
 from ._seconds import seconds
 from ._session import Session, Stray
 from ._shape import MUTEX
@@ -203,7 +203,7 @@ class Lock:
                 answered: Ticket | None = None
                 nonce = keeper.join_started(session, self.name, self._kind)  # a seat, reused (see join_started)
                 try:
-                    record = owner_record(self.owner or nonce)
+                    record = owner_record(self.owner or default_owner(session.lease.id, nonce))
                     ticket, position = backend.enqueue(self.name, session.lease, nonce, record)
                     answered = ticket
                 except LeaseGone:

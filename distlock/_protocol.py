@@ -42,6 +42,7 @@ __all__ = [
     "Recording",
     "Ticket",
     "Waiter",
+    "default_owner",
     "owner_id",
     "owner_record",
     "unreachable",
@@ -53,6 +54,12 @@ class LeaseGone(BackendError):
 
 
 _process_tag: dict[int, str] = {}
+
+
+def default_owner(lease_id: int, nonce: str) -> str:
+    """The owner id of a waiter the code gave none: its lease and seat, ``<lease hex>-<nonce>``, which no other live
+    entry of the lock has (two holders of one lease have two seats)."""
+    return f"{lease_id:x}-{nonce}"
 
 
 def owner_record(owner: str) -> bytes:

@@ -64,6 +64,26 @@ def test_holder_and_inspect_report_owner_ids_in_queue_order(client: distlock.Cli
     assert not thread.is_alive()
 
 
+def test_a_holder_given_no_owner_is_named_by_its_lease_and_seat(client: distlock.Client, lock_name: str) -> None:
+    first = client.lock(lock_name, ttl=5)
+    assert first.acquire()
+    second = client.lock(lock_name, ttl=5)  # the same lease, waiting beside it: the next seat
+
+    def wait() -> None:
+        with second:
+            pass
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: waiters(client, lock_name) == 1, 5, "the waiter to queue")
+    [state] = [s for s in client.inspect() if s.name == lock_name]
+    lease = state.holder.lease_id
+    assert (state.holder.owner, [w.owner for w in state.waiters]) == (f"{lease:x}-0", [f"{lease:x}-1"])
+    first.release()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 def test_two_threads_on_one_client_exclude_each_other(client: distlock.Client, lock_name: str) -> None:
     first = client.lock(lock_name, ttl=5)
     second = client.lock(lock_name, ttl=5)

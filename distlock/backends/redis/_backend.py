@@ -42,6 +42,7 @@ from ..._protocol import (
     Position,
     Ticket,
     Waiter,
+    default_owner,
     owner_id,
     owner_record,
     unreachable,
@@ -56,7 +57,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError("the Redis backend needs the 'redis' extra: pip install 'distlock-fenced[redis]'") from _e
 
 from ._connections import Pool, RedisTarget, is_refused, is_retryable, pack_command
-from ._keys import Keys, lease_of, member_of, nonce_of
+from ._keys import Keys, lease_of, member_of, nonce_of, owner_of
 from ._scripts import ENQUEUE, HEAD, KEEP_ALIVE, LAST_MEMBER, MISSING, POSITION, REMOVE, WRITE_RECORD
 
 __all__ = ["RedisBackend"]
@@ -272,9 +273,9 @@ class RedisBackend:
         lease_id = lease.id
         queue = self._keys.lock(name) + "q"
         member = member_of(lease_id, nonce)
-        # A waiter's id is its nonce unless it was given an owner, and the host and pid are in its lease key's
-        # value: only a given owner needs a record of its own.
-        record = b"" if owner == owner_record(nonce) else owner
+        # A waiter's id is its lease and seat (``owner_of`` reads it from the member) unless it was given an owner, and
+        # the host and pid are in its lease key's value: only a given owner needs a record of its own.
+        record = b"" if owner == owner_record(default_owner(lease_id, nonce)) else owner
         prefix = self._lease_prefix
         want = _keys_life_ms(lease.ttl)
         for _ in range(_OLD_DEAD_EVICTED):
@@ -426,7 +427,7 @@ class RedisBackend:
                     name=name,
                     token=int(token),
                     lease_id=lease_id,
-                    owner=owner_id(owner) if owner else nonce_of(member),
+                    owner=owner_id(owner) if owner else owner_of(member),
                     waiters=waiters,
                     holders=holders,
                 )
@@ -494,7 +495,7 @@ class RedisBackend:
                         member = bytes(entries[i])
                         if member == _LAST_BYTES:
                             continue
-                        owner = owner_id(records[member]) if member in records else nonce_of(member)
+                        owner = owner_id(records[member]) if member in records else owner_of(member)
                         queue.append((member, int(float(entries[i + 1])), owner))
                     if name is not None and queue:
                         queues[name] = queue

@@ -14,8 +14,9 @@ What can go wrong: nothing raises here; a malformed member reads as lease 0, whi
 from __future__ import annotations
 
 from ..._names import escape_name, unescape_name
+from ..._protocol import default_owner
 
-__all__ = ["LAYOUT_MARK", "Keys", "lease_of", "member_of", "nonce_of"]
+__all__ = ["LAYOUT_MARK", "Keys", "lease_of", "member_of", "nonce_of", "owner_of"]
 
 #: What follows ``<lease hex>-`` in a member of this key layout, before a dot. An earlier client reads it as the
 #: member's kind, of a family of its own, so it refuses to queue behind it (``LockKindMismatch``).
@@ -66,6 +67,11 @@ def lease_of(member: bytes) -> int:
 
 
 def nonce_of(member: bytes) -> str:
-    """The waiter's nonce: the opaque owner id that ``owner_record`` would have stored."""
+    """The waiter's nonce (its seat, with its kind)."""
     tail = member.split(b"-", 1)[-1]
     return tail.removeprefix(_MARK).decode("ascii", "replace")
+
+
+def owner_of(member: bytes) -> str:
+    """The owner id of a waiter given none (``_protocol.default_owner``), which it stores no record of."""
+    return default_owner(lease_of(member), nonce_of(member))
