@@ -3,12 +3,13 @@
     distlock --url etcd://127.0.0.1:2379 list [--prefix P]
     distlock --url etcd://127.0.0.1:2379 show NAME
     distlock --url etcd://127.0.0.1:2379 force-release NAME --token N
-    distlock --url sql+postgresql://user@host/db sql-tables [--print-only]
+    distlock --url sql+postgresql://user@host/db sql-tables [--print-only] [--upgrade]
 
 The URL may also come from ``DISTLOCK_URL``; ``--json`` prints one JSON document, for scripts. It talks to the lock
 service with :func:`distlock.connect`, needs no framework, and works while the application is down.
 ``force-release`` removes the holder only if its token is still ``N``, so a lock that changed hands is never taken
-from its new holder; ``sql-tables`` creates the SQL lock table's missing tables (or only prints their DDL).
+from its new holder; ``sql-tables`` creates the SQL lock table's missing tables (or only prints their DDL), and with
+``--upgrade`` marks tables of the earlier release as of this one's layout (once none of its clients runs).
 Operators' guide: docs/operations/stuck-locks.md.
 
 What can go wrong, as the exit status: 1 ``force-release`` changed nothing (no holder, or another token); 2 a bad
@@ -79,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
         "sql-tables", parents=[after], help="create the SQL lock table's tables (sql+... URLs) and print their DDL"
     )
     tables.add_argument("--print-only", action="store_true", help="only print the DDL; connect to nothing")
+    tables.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="mark existing tables as of this release's layout; ONLY once no client of the earlier release runs",
+    )
     return parser
 
 
@@ -96,11 +102,24 @@ def _sql_tables(url: str, args: argparse.Namespace, options: dict[str, Any]) -> 
     config = parse_url(url, **options)
     assert isinstance(config, SqlTableConfig)
     if not args.print_only:
-        with connect(url, **options):  # connecting creates what is missing
-            pass
-    from .backends.sqltable._schema import table_ddl
+        with connect(url, **options) as client:  # connecting creates what is missing
+            if args.upgrade:
+                from .backends.sqltable._backend import SqlTableBackend
 
+                backend = client._backend
+                assert isinstance(backend, SqlTableBackend)
+                backend.upgrade_layout()
+    from .backends.sqltable._schema import layout_ddl, table_ddl
+
+    marker = "\n\n".join(f"{statement};" for statement in layout_ddl(config.url, config.prefix))
+    if args.upgrade:
+        print(marker)
+        return 0
     print("\n\n".join(f"{statement};" for statement in table_ddl(config.url, config.prefix)))
+    print(
+        "\n-- The layout marker: on a fresh install, or as the upgrade step once no client of the earlier release runs"
+    )
+    print(marker)
     return 0
 
 

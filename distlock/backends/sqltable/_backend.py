@@ -92,7 +92,7 @@ from ._queue import (
     same_place,
     seconds,
 )
-from ._schema import create_missing_tables, lock_tables, name_key
+from ._schema import Tables, create_missing_tables, earlier_layout, lock_tables, name_key
 
 __all__ = ["SqlTableBackend"]
 
@@ -129,7 +129,6 @@ class SqlTableBackend:
         self._notifies = self._dialect == "postgresql"
         self._mutex = threading.Lock()
         self._closed = False
-        self._tables_ready = False
         self._shutdown_at_deadline = ShutdownAtDeadline()
         self._local_wakeups = LocalWakeups()
         self._errors = error_table(self.description)
@@ -199,21 +198,24 @@ class SqlTableBackend:
 
         return retrying(what, attempt, deadline, self._errors)
 
-    def _ensure_tables(self, budget: float | None = None) -> None:
-        """Create the tables and indexes that are missing (once per backend; concurrent creators are fine)."""
-        if self._tables_ready:
+    def _ensure_tables(self, budget: float | None = None, *, upgrade: bool = False) -> None:
+        """Make the missing tables and read the layout: once per backend, and at the ``upgrade`` step."""
+        if self._tables.layout is not None and not upgrade:
             return
         deadline = _clock.now() + (self.request_timeout if budget is None else budget)
-        tables = self._tables
 
-        def create(each: Attempt) -> None:
+        def create(each: Attempt) -> Tables:
             with self._transaction(each) as connection:
-                create_missing_tables(connection, tables)
+                return create_missing_tables(connection, self._tables, upgrade=upgrade)
 
-        # Two first users creating at once: looking again finds the tables.
         errors = error_table(self.description, retry_conflicts=True)
-        retrying("create the lock tables", create, deadline, errors)
-        self._tables_ready = True
+        self._tables, _ = retrying("create the lock tables", create, deadline, errors)
+        if not self._tables.removes_name_rows:
+            log.warning(earlier_layout(self.description, self._prefix))
+
+    def upgrade_layout(self) -> None:
+        """The upgrade step (``distlock sql-tables --upgrade``): mark the tables as of this release's layout."""
+        self._ensure_tables(upgrade=True)
 
     # -- notifications ----------------------------------------------------------------------------------------
 

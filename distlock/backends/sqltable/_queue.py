@@ -3,7 +3,8 @@ server's clock (:func:`read_entries`), and where an entry stands among the live 
 ``_shape`` (:func:`place_of`), with what a waiter needs to wait well (:class:`WaitingPosition`); and what a removal
 of entries does with their names' rows in ``<prefix>_locks``: lock them first (:func:`lock_names`), remove those
 left without entries after (:func:`forget_emptied`; a release: :func:`forget_if_emptied`), as when a lease's
-entries go (:func:`remove_entries_of`).
+entries go (:func:`remove_entries_of`). On tables of the earlier layout (``Tables.removes_name_rows`` false) the
+rows stay and nothing is locked for them, as the earlier release did: its joins rely on that (``_schema``).
 
 An entry whose lease expired, or whose lease row is gone, is dead: its lease never comes back, so whoever reads it
 dead may remove it (the backend does, in the same transaction). What can go wrong: nothing is raised here; a read
@@ -114,7 +115,7 @@ def lock_names(connection: Connection, tables: Tables, names: Collection[str]) -
     join does before it takes an id: whoever removes entries locks first, so that a join of the same name waits for
     the removal (then finds its row gone and makes it anew) or the removal waits for the join (then sees its entry).
     A name without a row (deleted by hand) is not locked: nothing will remove it."""
-    if not names:
+    if not names or not tables.removes_name_rows:
         return
     locks = tables.locks
     keys = sorted({name_key(name) for name in names})
@@ -128,7 +129,7 @@ def forget_emptied(connection: Connection, tables: Tables, names: Collection[str
     election's record stays). The caller locked the rows (:func:`lock_names`, a join's ``insert_or_lock``): a join of
     these names waits for this transaction, and one that committed before is seen here (READ COMMITTED reads what
     committed before each statement; SQLite has one writer)."""
-    if not names:
+    if not names or not tables.removes_name_rows:
         return
     w, locks = tables.waiters, tables.locks
     busy = set(connection.execute(sa.select(w.c.name).where(w.c.name.in_(set(names))).distinct()).scalars())
@@ -165,6 +166,9 @@ def forget_if_emptied(connection: Connection, tables: Tables, name: str) -> None
     that holds the row and removes that same entry as dead (its lease ran out as it was released) waits for this
     transaction while this one waits for the row, a deadlock the database breaks, and the loser is retried."""
     w = tables.waiters
-    if connection.execute(sa.select(w.c.id).where(w.c.name == name).limit(1)).first() is None:
+    if (
+        tables.removes_name_rows
+        and connection.execute(sa.select(w.c.id).where(w.c.name == name).limit(1)).first() is None
+    ):
         lock_names(connection, tables, [name])
         forget_emptied(connection, tables, [name])

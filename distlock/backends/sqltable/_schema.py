@@ -1,6 +1,6 @@
 """The SQL lock table's schema: its three tables, named after a prefix (:func:`lock_tables`), their DDL for a DBA
-(:func:`table_ddl`, the one place it is written; ``distlock sql-tables`` prints it), creating the missing ones
-(:func:`create_missing_tables`), and the key of a lock's row (:func:`name_key`).
+(:func:`table_ddl`, the one place it is written; ``distlock sql-tables`` prints it), creating the missing ones and
+reading the layout (:func:`create_missing_tables`), and the key of a lock's row (:func:`name_key`).
 
 ::
 
@@ -8,6 +8,13 @@
     <prefix>_waiters  (id, name, lease_id, nonce, owner)     one row per queue entry; id is the fencing token
     <prefix>_locks    (name_key, record)                     one row per lock name with an entry (or an election's
                                                              record): serialises joins, keeps the record
+    <prefix>_layout   (version)                              the layout marker: one row, this release's LAYOUT
+
+The layout: tables without the marker are the earlier release's, whose joins rely on a name's row staying for ever
+(they look for it, make it without locking, then lock it); so there the rows stay, and the earlier release's
+clients can run beside this one's. Only a fresh install (none of the three tables) or the upgrade step
+(``distlock sql-tables --upgrade``, once no client of the earlier release runs) makes the marker, and with it a
+name's row goes with the last entry of its queue. (docs/operations/sql-table.md, "Upgrading".)
 
 What can go wrong: nothing here talks to a database but :func:`create_missing_tables`, whose errors (no privilege
 to create, a concurrent creator) its caller retries or translates. Why the ids never repeat on each database:
@@ -17,14 +24,29 @@ docs/operations/sql-table.md.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.dialects import postgresql as sa_postgresql
+from sqlalchemy.dialects import sqlite as sa_sqlite
+from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-__all__ = ["Tables", "create_missing_tables", "lock_tables", "name_key", "table_ddl"]
+__all__ = [
+    "LAYOUT",
+    "Tables",
+    "create_missing_tables",
+    "earlier_layout",
+    "layout_ddl",
+    "lock_tables",
+    "name_key",
+    "table_ddl",
+]
+
+#: The layout this release makes, the version in ``<prefix>_layout``: a name's row in ``<prefix>_locks`` goes with
+#: the last entry of its queue. Tables without the marker are of the earlier layout, 1: a row per name for ever.
+LAYOUT = 2
 
 #: The longest lock name (``_names.MAX_NAME_BYTES``: 1,024 bytes of UTF-8, so at most 1,024 characters).
 _NAME_LENGTH = 1024
@@ -38,6 +60,15 @@ class Tables:
     leases: sa.Table
     waiters: sa.Table
     locks: sa.Table
+    #: In a MetaData of its own: made only by a fresh install or the upgrade step, never as "missing".
+    layout_marker: sa.Table
+    #: The database's layout, once :func:`create_missing_tables` read it; None before.
+    layout: int | None = None
+
+    @property
+    def removes_name_rows(self) -> bool:
+        """A name's row goes with its last entry on this release's layout only; keeping it is always safe."""
+        return self.layout == LAYOUT
 
 
 def lock_tables(prefix: str) -> Tables:
@@ -77,7 +108,10 @@ def lock_tables(prefix: str) -> Tables:
         sa.Column("record", sa.LargeBinary(length=2**24 - 1), nullable=True),
         **text_options,
     )
-    return Tables(metadata, leases, waiters, locks)
+    layout_marker = sa.Table(
+        f"{prefix}_layout", sa.MetaData(), sa.Column("version", sa.Integer(), primary_key=True, autoincrement=False)
+    )
+    return Tables(metadata, leases, waiters, locks, layout_marker)
 
 
 def table_ddl(url: URL, prefix: str) -> list[str]:
@@ -96,16 +130,55 @@ def table_ddl(url: URL, prefix: str) -> list[str]:
     return statements
 
 
-def create_missing_tables(connection: Connection, tables: Tables) -> None:
-    """Create the tables and indexes of ``tables`` that ``connection``'s database lacks."""
+def layout_ddl(url: URL, prefix: str) -> list[str]:
+    """The DDL of the layout marker (a fresh install's, or the upgrade step's), like :func:`table_ddl`."""
+    dialect = url.get_dialect()()
+    marker = lock_tables(prefix).layout_marker
+    return [
+        str(CreateTable(marker, if_not_exists=True).compile(dialect=dialect)).strip(),
+        str(_mark(dialect, marker).compile(dialect=dialect, compile_kwargs={"literal_binds": True})).strip(),
+    ]
+
+
+def _mark(dialect: Dialect, marker: sa.Table) -> Any:
+    """The INSERT of this release's layout into the marker, which does nothing when the row is there."""
+    if dialect.name == "postgresql":
+        return sa_postgresql.insert(marker).values(version=LAYOUT).on_conflict_do_nothing()
+    if dialect.name == "sqlite":
+        return sa_sqlite.insert(marker).values(version=LAYOUT).on_conflict_do_nothing()
+    return sa.insert(marker).values(version=LAYOUT).prefix_with("IGNORE")
+
+
+def create_missing_tables(connection: Connection, tables: Tables, *, upgrade: bool = False) -> Tables:
+    """Create the tables and indexes of ``tables`` that ``connection``'s database lacks, and read its layout:
+    ``tables`` with it. The marker is made with the tables when none of the three was there, or when ``upgrade``
+    (the upgrade step); tables of the earlier release are left without it, so their layout is 1."""
     # Look first: creating needs privileges that a table a DBA made beforehand does not.
     present = set(sa.inspect(connection).get_table_names())
+    marker = tables.layout_marker
+    if upgrade or not present & {table.name for table in tables.metadata.sorted_tables}:
+        # The marker before the tables: MariaDB commits at each CREATE, and whoever sees a table must see it.
+        connection.execute(CreateTable(marker, if_not_exists=True))
+        connection.execute(_mark(connection.dialect, marker))
+        present.add(marker.name)
     for table in tables.metadata.sorted_tables:
         if table.name in present:
             continue
         connection.execute(CreateTable(table, if_not_exists=True))
         for index in table.indexes:
             connection.execute(CreateIndex(index, if_not_exists=True))
+    layout = connection.execute(sa.select(sa.func.max(marker.c.version))).scalar() if marker.name in present else 1
+    return replace(tables, layout=int(layout or 1))
+
+
+def earlier_layout(description: str, prefix: str) -> str:
+    """What a client on tables of the earlier layout says once, at its first request."""
+    return (
+        f"distlock: {description} has the earlier layout (no table {prefix}_layout): a name's row in {prefix}_locks "
+        "stays after its last holder, as the earlier release kept it, so that its clients can run beside this one; "
+        "once none of them runs, `distlock sql-tables --upgrade` makes the layout marker, and clients started after "
+        "it remove those rows (docs/operations/sql-table.md, Upgrading)"
+    )
 
 
 def name_key(name: str) -> str:

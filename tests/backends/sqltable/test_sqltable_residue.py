@@ -2,10 +2,19 @@
 their lease expired): no entry, no lease, no row in ``<prefix>_locks`` (but an election's record, by design); a join
 racing the removal of its name's row keeps its serialisation, in either order; tokens keep increasing after every
 row is deleted and the database restarts; a queue read touches only its name's live entries, however often the name
-was taken. Each test has tables of its own (a fresh ``?prefix=``), so "nothing left" is "the tables are empty"."""
+was taken. Each test has tables of its own (a fresh ``?prefix=``), so "nothing left" is "the tables are empty".
+
+A rolling upgrade from the earlier release, whose tables have no layout marker (``<prefix>_layout``) and keep a
+name's row in ``<prefix>_locks`` for ever: this release's clients on those tables keep the rows too (and say so
+once), so that an earlier client's join, which looks for its name's row with a lock, makes it without one when
+missing and then locks it, always finds it; the upgrade step (``distlock sql-tables --upgrade``, or its printed DDL)
+makes the marker, idempotently, and the clients started after it remove the rows. The race between an earlier join
+and a removal of its name's row is driven step by step: harmless on the earlier layout, real on this one
+(PostgreSQL), which is why the upgrade step waits until no earlier client runs."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,11 +24,16 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from _support import SQL_TABLES, LockServer, Worker, wait_until
+from sqlalchemy.dialects import mysql as sa_mysql
+from sqlalchemy.dialects import postgresql as sa_postgresql
+from sqlalchemy.dialects import sqlite as sa_sqlite
 
 import distlock
 import distlock.backends
+from distlock._cli import main
 from distlock.backends.sqltable import _queue as sqltable_queue
 from distlock.backends.sqltable._dialects import server_now
+from distlock.backends.sqltable._schema import LAYOUT, lock_tables, name_key
 from distlock.testing import MariaDBServer
 
 pytestmark = [pytest.mark.every_database, pytest.mark.parametrize("backend", SQL_TABLES, indirect=True)]
@@ -63,7 +77,7 @@ class Tables:
 
     def drop(self) -> None:
         with self.engine.begin() as connection:
-            for table in TABLES:
+            for table in (*TABLES, "layout"):
                 connection.execute(sa.text(f"DROP TABLE IF EXISTS {self.prefix}_{table}"))
         self.engine.dispose()
 
@@ -302,3 +316,164 @@ def test_a_queue_read_touches_only_the_live_entries_of_its_name(tables: Tables) 
         assert seen == [1, 1]
         assert rows_read() == 0
         assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0}
+
+
+def _earlier_layout(tables: Tables) -> None:
+    """The tables as the earlier release made them: the same three, and no marker."""
+    lock_tables(tables.prefix).metadata.create_all(tables.engine)
+
+
+def _layout(tables: Tables) -> list[int]:
+    if not sa.inspect(tables.engine).has_table(f"{tables.prefix}_layout"):
+        return []
+    with tables.engine.connect() as connection:
+        return list(connection.execute(sa.text(f"SELECT version FROM {tables.prefix}_layout")).scalars())
+
+
+def _insert_ignore(dialect: str, table: sa.Table, **values: Any) -> Any:
+    """The earlier release's ``_dialects.insert_ignore`` (git show 69ef0eb:distlock/backends/sqltable/_dialects.py)."""
+    if dialect == "postgresql":
+        return sa_postgresql.insert(table).values(**values).on_conflict_do_nothing()
+    if dialect == "sqlite":
+        return sa_sqlite.insert(table).values(**values).on_conflict_do_nothing()
+    return sa_mysql.insert(table).values(**values).prefix_with("IGNORE")
+
+
+class EarlierJoin:
+    """The earlier release's join of ``name`` up to its row lock, a statement at a time, in a transaction at READ
+    COMMITTED (git show 69ef0eb:distlock/backends/sqltable/_backend.py, ``enqueue``): look for the name's row with a
+    lock (:meth:`lock_row`); when missing, make it without one (:meth:`make_row`), and lock it again."""
+
+    def __init__(self, tables: Tables, name: str) -> None:
+        self.dialect = tables.dialect
+        self.locks = lock_tables(tables.prefix).locks
+        self.key = name_key(name)
+        self.connection = tables.engine.connect().execution_options(isolation_level="READ COMMITTED")
+        self.transaction = self.connection.begin()
+
+    def lock_row(self) -> bool:
+        found = sa.select(self.locks.c.name_key).where(self.locks.c.name_key == self.key).with_for_update()
+        return self.connection.execute(found).first() is not None
+
+    def make_row(self) -> None:
+        self.connection.execute(_insert_ignore(self.dialect, self.locks, name_key=self.key))
+
+    def __enter__(self) -> EarlierJoin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.connection.close()  # its transaction ends (rolled back): whoever waits for its row lock goes on
+
+
+def test_clients_on_the_earlier_layout_keep_the_names_rows_and_say_so_once(
+    tables: Tables, caplog: pytest.LogCaptureFixture
+) -> None:
+    _earlier_layout(tables)
+    with caplog.at_level(logging.WARNING, logger="distlock"), distlock.connect(tables.url) as client:
+        with client.lock("a", ttl=LONG):
+            pass
+        with client.lock("b", ttl=LONG), client.semaphore("c", limit=2, ttl=LONG):
+            pass
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 3}
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 3}
+    said = [record.getMessage() for record in caplog.records if "earlier layout" in record.getMessage()]
+    assert len(said) == 1 and "distlock sql-tables --upgrade" in said[0], said
+    assert _layout(tables) == []
+
+
+def test_an_earlier_join_finds_its_names_row_after_a_release_of_this_release_on_the_earlier_layout(
+    tables: Tables,
+) -> None:
+    """An earlier join finds no row; this release's client makes it (its join) and holds; the earlier join's
+    ``INSERT`` meets it (no lock on PostgreSQL); the holder releases, and the row stays: the earlier join's second
+    look locks it, and a join of this release waits for that transaction. (SQLite: one writer at a time, and the
+    earlier join was one ``BEGIN IMMEDIATE`` transaction, so nothing comes between its statements.)"""
+    if tables.dialect == "sqlite":
+        pytest.skip("SQLite runs one write transaction at a time: nothing comes between an earlier join's statements")
+    _earlier_layout(tables)
+    with distlock.connect(tables.url) as holder, distlock.connect(tables.url) as joiner:
+        with _earlier_join_across_a_release(tables, holder) as earlier:
+            assert earlier.lock_row()
+            wait_blocked = _until_blocked(tables, joiner)
+            got: list[bool] = []
+            lock = joiner.lock("contended", ttl=LONG)
+            joining = threading.Thread(target=lambda: got.append(lock.acquire(timeout=10)))
+            joining.start()
+            wait_blocked()
+        joining.join(10)
+        assert got == [True]
+        lock.release()
+        assert tables.rows()["locks"] == 1
+
+
+def test_on_this_layout_the_same_earlier_join_finds_no_row_which_is_why_the_upgrade_waits_for_the_earlier_clients(
+    tables: Tables,
+) -> None:
+    """The same steps on tables of this layout (a fresh install): the release removes the name's row, and the
+    earlier join's second look finds nothing to lock; it would take its id unserialised. (MariaDB: its ``INSERT
+    IGNORE`` keeps a shared lock that the release waits for; SQLite: one writer at a time.)"""
+    if tables.dialect != "postgresql":
+        pytest.skip("only PostgreSQL's ON CONFLICT DO NOTHING leaves the earlier join without a lock on the row")
+    with distlock.connect(tables.url) as holder:
+        with _earlier_join_across_a_release(tables, holder) as earlier:
+            assert not earlier.lock_row()
+    assert _layout(tables) == [LAYOUT]
+
+
+def test_the_upgrade_step_marks_the_tables_once_and_clients_started_after_it_remove_the_rows(
+    tables: Tables, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The printed DDL (for a DBA) and the command both make the marker, and again change nothing; a client that
+    was running keeps the rows until it is restarted (always safe), one started after removes them."""
+    _earlier_layout(tables)
+    with distlock.connect(tables.url) as running:
+        with running.lock("a", ttl=LONG):
+            pass
+        assert main(["--url", tables.url, "sql-tables", "--upgrade", "--print-only"]) == 0
+        printed = capsys.readouterr().out
+        for _ in range(2):
+            with tables.engine.begin() as connection:
+                for statement in printed.split(";\n"):
+                    if statement.strip():
+                        connection.execute(sa.text(statement))
+        assert _layout(tables) == [LAYOUT]
+        for _ in range(2):
+            assert main(["--url", tables.url, "sql-tables", "--upgrade"]) == 0
+        assert _layout(tables) == [LAYOUT]
+        with running.lock("b", ttl=LONG):
+            pass
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 2}
+        with distlock.connect(tables.url) as restarted:
+            with restarted.lock("a", ttl=LONG):
+                pass
+            assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 1}  # "b": its name not used since
+            with restarted.lock("b", ttl=LONG):
+                pass
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 0}
+
+
+def test_the_upgrade_command_on_a_database_without_the_tables_makes_them_with_the_marker(
+    tables: Tables, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--url", tables.url, "sql-tables", "--upgrade"]) == 0
+    assert _layout(tables) == [LAYOUT]
+    assert "INSERT" in capsys.readouterr().out
+    with distlock.connect(tables.url) as client, client.lock("a", ttl=LONG):
+        pass
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 0}
+
+
+def _earlier_join_across_a_release(tables: Tables, holder: distlock.Client) -> EarlierJoin:
+    """An earlier join of "contended" that found no row and made it as a client of this release took and released
+    the name between its steps; what the join's second look finds is the test's."""
+    earlier = EarlierJoin(tables, "contended")
+    try:
+        assert not earlier.lock_row()
+        lock = holder.lock("contended", ttl=LONG)
+        assert lock.acquire(timeout=10)
+        earlier.make_row()  # another's row: no lock on PostgreSQL (a shared one on MariaDB)
+        lock.release()
+    except BaseException:
+        earlier.__exit__()
+        raise
+    return earlier
