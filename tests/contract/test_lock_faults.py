@@ -1,8 +1,9 @@
-"""Holders and waiters that crash, pause or fork, and a server that restarts or stalls, on each backend (etcd, Redis):
-real processes, real signals."""
+"""Holders and waiters that crash, pause or fork, and a server that restarts or stalls, on every backend with a server
+(or a file) to stop: real processes, real signals."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
@@ -106,29 +107,65 @@ def test_a_waiter_whose_lease_expires_does_not_get_the_lock(
 
 
 def test_tokens_and_waiters_survive_a_server_restart(lock_server: LockServer, lock_name: str) -> None:
-    # A request may wait out the whole restart (a JVM's start on a loaded machine takes a while): a minute.
+    # A request may wait out the whole restart (a JVM's start on a loaded machine takes a while): a minute. The leases
+    # outlive it (30 s): a restart longer than the lease is the next test's outage.
     with distlock.connect(lock_server.url, request_timeout=60) as client:
-        with client.lock(lock_name, ttl=10) as lock:
+        with client.lock(lock_name, ttl=30) as lock:
             before = lock.token
-        holder = client.lock(lock_name, ttl=10)
+        holder = client.lock(lock_name, ttl=30)
         assert holder.acquire()
-        waiter = client.lock(lock_name, ttl=10)
+        waiter = client.lock(lock_name, ttl=30)
         got: list[bool] = []
-        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=60)))
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=150)))
         thread.start()
         wait_until(lambda: waiters(client, lock_name) == 1, 5, "the waiter to queue")
         lock_server.restart()  # the waiter's watch stream (etcd) or blocked BLPOP (Redis) breaks here
         assert not holder.lost
         held = holder.token
         holder.release()
-        thread.join(70)
+        thread.join(160)
         assert got == [True], "the waiter did not resume waiting after the server restarted"
         waited = waiter.token
         assert waited > held > before
         waiter.release()
     lock_server.restart()
-    with distlock.connect(lock_server.url) as client, client.lock(lock_name, ttl=10) as lock:
+    with distlock.connect(lock_server.url) as client, client.lock(lock_name, ttl=30) as lock:
         assert lock.token > waited
+
+
+def test_a_wait_outlives_an_outage_longer_than_its_lease(lock_server: LockServer, lock_name: str) -> None:
+    """A server that stalls for three times the lease: the holder may lose the lock (its lease ran out on the
+    server), and a waiter whose lease ran out too queues again with a new one: it gets the lock within its own
+    timeout, not an error, once the service answers again and the holder is gone."""
+    ttl = 4
+    with distlock.connect(lock_server.url, request_timeout=30) as client:
+        holder = client.lock(lock_name, ttl=ttl)
+        assert holder.acquire()
+        waiter = client.lock(lock_name, ttl=ttl)
+        got: list[object] = []
+
+        def wait() -> None:
+            try:
+                got.append(waiter.acquire(timeout=90))
+            except distlock.DistlockError as e:  # pragma: no cover - the failure this test is for
+                got.append(e)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        with distlock.connect(lock_server.url) as observer:  # ours reads nothing but its own tickets' places
+            wait_until(lambda: waiters(observer, lock_name) == 1, 10, "the waiter to queue")
+        lock_server.pause()
+        try:
+            time.sleep(3 * ttl)
+        finally:
+            lock_server.resume()
+        held = holder.token
+        with contextlib.suppress(distlock.LockLost):  # its lease ran out while the server stood still
+            holder.release()
+        thread.join(100)
+        assert got == [True], f"the waiter did not queue again after the outage: {got}"
+        assert waiter.token > held
+        waiter.release()
 
 
 def _child_uses_inherited_client(client: distlock.Client, parent_lock: distlock.Lock, name: str, queue: object) -> None:

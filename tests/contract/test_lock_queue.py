@@ -17,7 +17,9 @@ pytestmark = pytest.mark.every_database
 
 
 def _hold_once(client: distlock.Client, name: str) -> None:
-    with client.lock(name, ttl=30, timeout=60):
+    # A lease far longer than the test: no keep-alive, and no waiter's look at whether the one ahead has expired,
+    # falls among the requests counted.
+    with client.lock(name, ttl=120, timeout=60):
         pass
 
 
@@ -27,7 +29,7 @@ def test_waiters_acquire_in_arrival_order(client: distlock.Client, lock_name: st
 
 
 # Requests per acquisition that a hand-over may cost at most (see the comment in the test).
-REQUEST_BOUND = {"etcd": 4, "redis": 14, "zookeeper": 4, "sqltable": 10}
+REQUEST_BOUND = {"etcd": 4, "redis": 14, "zookeeper": 4, "sqltable": 11}
 
 
 def test_a_release_wakes_only_the_next_waiter(lock_server: LockServer, lock_name: str) -> None:
@@ -39,7 +41,7 @@ def test_a_release_wakes_only_the_next_waiter(lock_server: LockServer, lock_name
     with distlock.connect(lock_server.url) as client:
         for count in (2, 16):
             name = f"{lock_name}/{count}"
-            holder = client.lock(name, ttl=30)
+            holder = client.lock(name, ttl=120)
             assert holder.acquire()
             threads = []
             for i in range(count):
@@ -55,8 +57,10 @@ def test_a_release_wakes_only_the_next_waiter(lock_server: LockServer, lock_name
     # Each hand-over costs the releaser's delete, the woken waiter's queue read, and its release; a thundering herd
     # would make every waiter read on every release (~count/2 reads per acquisition). On Redis the delete is one
     # script of 8 commands and the read one of 2, and each EVALSHA counts too: 12 per hand-over. The SQL lock table on
-    # PostgreSQL counts statements: the release's BEGIN, DELETE, NOTIFY, COMMIT, the woken waiter's UNLISTEN and its
-    # read's BEGIN, SELECT, COMMIT: 8.
+    # PostgreSQL counts statements: the release's BEGIN, DELETE, SELECT (is anyone left, else the name's row goes),
+    # NOTIFY, COMMIT, the woken waiter's UNLISTEN and its read's BEGIN, SELECT, COMMIT: 9, and the run's own few
+    # statements (9.5 measured); the bound leaves room for a stray look on a loaded machine (one is 3/16), where a herd
+    # would add ~count/2 reads of 3 statements each.
     print(f"{lock_server.kind} requests per acquisition: {per_acquisition}")
     assert per_acquisition[16] <= per_acquisition[2] + 0.5, per_acquisition
     assert per_acquisition[16] <= REQUEST_BOUND[lock_server.family], per_acquisition

@@ -127,7 +127,7 @@ class Sessions:
             client = self._main
         if client is not None:
             return client
-        opened = self.open(max(self.request_timeout, 10.0), _clock.now() + self.connect_timeout)
+        opened = self.open(max(self.request_timeout, 10.0), _clock.now() + self.request_timeout)
         with self._mutex:
             if self._main is None and not self._closed:
                 self._main = opened
