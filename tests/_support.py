@@ -53,8 +53,12 @@ class Worker:
     """A ``lockworker.py`` process: send commands, read answers, and SIGSTOP/SIGCONT/SIGKILL it. ``wrapper`` is a
     command line the worker runs under (``["faketime", "-f", "+1h"]``)."""
 
+    #: The SQLite file of the worker's lock table, if that is its lock service (see `stop`).
+    sqlite_lock_file: str | None = None
+
     def __init__(self, url: str, wrapper: Sequence[str] = ()) -> None:
-        self.url = url
+        if url.startswith("sql+sqlite:///"):
+            self.sqlite_lock_file = url.removeprefix("sql+sqlite:///")
         self.process = subprocess.Popen(
             [*wrapper, sys.executable, str(Path(__file__).with_name("lockworker.py")), url],
             stdin=subprocess.PIPE,
@@ -93,9 +97,9 @@ class Worker:
         inside a statement keeps the file locked for every other process until it runs again (SQLite has no server
         to time it out; docs/operations/sql-table.md), which is not the pause these tests are about."""
         os.kill(self.pid, signal.SIGSTOP)
-        if not self.url.startswith("sql+sqlite:///"):
+        path = self.sqlite_lock_file
+        if path is None:
             return
-        path = self.url.removeprefix("sql+sqlite:///")
         deadline = time.monotonic() + 30
         while True:
             probe = sqlite3.connect(path, isolation_level=None, timeout=0)

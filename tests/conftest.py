@@ -197,9 +197,11 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def backend_url(backend: str, request: pytest.FixtureRequest) -> str:
-    """The URL of the session's shared service of ``backend``."""
+    """The URL of the session's shared service of ``backend``. Module-scoped, not session-scoped:
+    tests/integrations/sqla defines a ``backend`` of its own, and a session-scoped fixture over two fixtures of one
+    name can hand a test the value made for the other (pytest #2844: a test on "postgres-table" got the Redis URL)."""
     return _session_url(request, backend)
 
 
