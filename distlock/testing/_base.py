@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import pwd
 import random
 import shutil
 import signal
@@ -349,6 +350,24 @@ class _Server(_Managed):
     def _popen_kwargs(self) -> dict[str, Any]:
         return {}
 
+    def _run_as(self) -> pwd.struct_passwd | None:
+        """The unprivileged user the server runs as (we are root, and it refuses root), else None: as we are."""
+        return None
+
+    def _as_user(self, command: list[str]) -> list[str]:
+        """``command`` run as `_run_as`'s user, through ``setpriv``, which execs it: the server stays our direct
+        child (so ``kill()`` crashes it for real, which ``runuser``'s watching parent would prevent). Not through
+        subprocess's ``user=``: that makes Python fork instead of vfork, and a fork runs gRPC's fork handlers in the
+        child, whose poller can crash it before the exec when an etcd client is open in this process (grpc/grpc
+        #43055: the server "exited with code -7 while starting")."""
+        user = self._run_as()
+        if user is None:
+            return command
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise ConfigurationError("setpriv (Debian's util-linux) is needed to run a server as another user")
+        return [setpriv, f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--", *command]
+
     def _prepare(self) -> None:
         """Before the first start: create the data directory, if the server does not."""
 
@@ -484,6 +503,7 @@ class _Server(_Managed):
     def _run_step(self, command: list[str], what: str) -> None:
         """Run a set-up step (``initdb``, ``mariadb-install-db``) to its end, its output in the log; raise
         ``ServerStartError`` with the log's tail when it fails."""
+        command = self._as_user(command)
         with self._open_log(command) as log:
             result = subprocess.run(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False,
@@ -503,7 +523,7 @@ class _Server(_Managed):
 
     def _launch(self) -> None:
         """Start the process without waiting for it (cluster members must start together to form a quorum)."""
-        command = self._command()
+        command = self._as_user(self._command())
         with self._open_log(command) as log:
             self._process.popen = subprocess.Popen(
                 command,

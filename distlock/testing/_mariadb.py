@@ -23,7 +23,6 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from distlock._errors import ConfigurationError
 from distlock.testing._base import _HOST, HarnessError, _is_executable, _OnePortServer
@@ -115,10 +114,8 @@ class MariaDBServer(_OnePortServer):
             return []
         return [f"--user={self._os_user.pw_name}"] if self._os_user is not None else ["--user=root"]
 
-    def _popen_kwargs(self) -> dict[str, Any]:
-        if self._os_user is None:
-            return {}
-        return {"user": self._os_user.pw_uid, "group": self._os_user.pw_gid, "extra_groups": []}
+    def _run_as(self) -> pwd.struct_passwd | None:
+        return self._os_user
 
     def _prepare(self) -> None:
         self.data_dir.mkdir(mode=0o700)

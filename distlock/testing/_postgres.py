@@ -168,13 +168,13 @@ class PostgresServer(_OnePortServer):
         return self.dsn_for(name)
 
     def _popen_kwargs(self) -> dict[str, Any]:
-        # subprocess's user=, not runuser: postgres stays our direct child, so kill() crashes it for real (runuser's
-        # watching parent would leave postgres running when SIGKILLed).
         env = _clean_env("PG")
-        if self._user is None:
-            return {"env": env}
-        env.update(HOME=self._user.pw_dir, USER=self._user.pw_name, LOGNAME=self._user.pw_name)
-        return {"env": env, "user": self._user.pw_uid, "group": self._user.pw_gid, "extra_groups": []}
+        if self._user is not None:
+            env.update(HOME=self._user.pw_dir, USER=self._user.pw_name, LOGNAME=self._user.pw_name)
+        return {"env": env}
+
+    def _run_as(self) -> pwd.struct_passwd | None:
+        return self._user
 
     def _prepare(self) -> None:
         self.socket_dir.mkdir(mode=0o700)
