@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import dataclasses
 import multiprocessing
+import sqlite3
 import sys
 import tempfile
 import time
@@ -44,7 +45,7 @@ from benchmarks._harness.figures import NA, median, ms, percentile, ratio, table
 from benchmarks._harness.machine import cpu_line, software_line
 from benchmarks._harness.report import errors_lines, publish, section
 from benchmarks._harness.run import Run, add_out_argument, add_subset_argument, check_subset, summary
-from benchmarks._harness.servers import REQUEST_TIMEOUT, SQLITE_DESCRIPTION, EtcdMetrics, EtcdUnderTest, endpoint_of
+from benchmarks._harness.servers import REQUEST_TIMEOUT, EtcdMetrics, EtcdUnderTest, endpoint_of
 from benchmarks.zookeeper_locks import kazoo_client, mntr
 from distlock.testing import EtcdServer, PostgresServer, RedisServer, ZooKeeperServer, etcd_version, find_etcd
 
@@ -365,7 +366,10 @@ class Postgres(Service):
 
 class Sqlite(Service):
     def __init__(self) -> None:
-        super().__init__("SQLite", f"SQLite {SQLITE_DESCRIPTION}", {"distlock": DistlockClient})
+        # The lock table leaves the file as SQLite makes it: rollback journal, synchronous=FULL (not the WAL and
+        # synchronous=NORMAL the fenced-write benchmarks set on their own databases).
+        description = f"SQLite {sqlite3.sqlite_version} (pysqlite), a file in a temporary directory, rollback journal"
+        super().__init__("SQLite", f"{description}, synchronous=FULL (SQLite's defaults)", {"distlock": DistlockClient})
 
     @contextlib.contextmanager
     def server(self) -> Iterator[Server]:
