@@ -366,10 +366,13 @@ class Postgres(Service):
 
 class Sqlite(Service):
     def __init__(self) -> None:
-        # The lock table leaves the file as SQLite makes it: rollback journal, synchronous=FULL (not the WAL and
-        # synchronous=NORMAL the fenced-write benchmarks set on their own databases).
-        description = f"SQLite {sqlite3.sqlite_version} (pysqlite), a file in a temporary directory, rollback journal"
-        super().__init__("SQLite", f"{description}, synchronous=FULL (SQLite's defaults)", {"distlock": DistlockClient})
+        # The lock table leaves the file as SQLite makes it (not the WAL and synchronous=NORMAL that the fenced-write
+        # benchmarks set on their own databases).
+        description = (
+            f"SQLite {sqlite3.sqlite_version} (pysqlite), a file in a temporary directory, rollback journal, "
+            "synchronous=FULL (SQLite's defaults)"
+        )
+        super().__init__("SQLite", description, {"distlock": DistlockClient})
 
     @contextlib.contextmanager
     def server(self) -> Iterator[Server]:

@@ -21,6 +21,7 @@ from types import ModuleType, TracebackType
 from typing import Any, Self
 
 import distlock
+import distlock.backends
 from distlock.testing import EtcdServer, MariaDBServer, PostgresServer, RedisServer, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,8 +58,9 @@ class Worker:
     sqlite_lock_file: str | None = None
 
     def __init__(self, url: str, wrapper: Sequence[str] = ()) -> None:
-        if url.startswith("sql+sqlite:///"):
-            self.sqlite_lock_file = url.removeprefix("sql+sqlite:///")
+        database = getattr(distlock.backends.parse_url(url), "url", None)  # the SQL lock table's SQLAlchemy URL
+        if database is not None and database.get_backend_name() == "sqlite":
+            self.sqlite_lock_file = database.database
         self.process = subprocess.Popen(
             [*wrapper, sys.executable, str(Path(__file__).with_name("lockworker.py")), url],
             stdin=subprocess.PIPE,
