@@ -1,12 +1,13 @@
-"""distlock_django settings: one ``DISTLOCK`` dict in Django settings, read lazily, merged over defaults, checked once.
+"""distlock_django settings: one ``DISTLOCK`` dict in Django settings, read lazily, merged over defaults, checked.
 
 One validator, :func:`validate`, judges a ``DISTLOCK`` value against the table :data:`SETTINGS` (each key's
 default, check id, what it allows) and returns every problem at once. The system checks (``checks.py``) report its
 problems as ``manage.py check`` messages; :func:`conf` runs the same validator on first use, so a setting that
 passes the checks also works at run time. Durations go through :func:`distlock.seconds`; the URL and ``OPTIONS``
-are judged by ``distlock.backends.parse_url``, without side effects (no connection, no file read). Values are
-cached until ``setting_changed`` fires and never written back into ``settings``. The keys, their defaults, ids and
-allowed values: docs/reference/django-settings.md.
+are judged by ``distlock.backends.parse_url``, without side effects (no connection, no file read); a ``django://``
+URL is kept as it is (``_database.py`` says which database it means, at each use). Values are cached until
+``settings.DISTLOCK`` changes (assigned, or changed in place) and never written back into ``settings``. The keys,
+their defaults, ids and allowed values: docs/reference/django-settings.md.
 
 What can go wrong: a bad value raises ``ConfigurationError`` naming every bad key (``DISTLOCK["TTL"]``) on first use;
 an unknown key is only logged as a warning (``distlock.W001`` in ``manage.py check``, with a "did you mean"), since
@@ -15,15 +16,14 @@ a setting a newer release added must not break an older one.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib.util
 import logging
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -32,6 +32,7 @@ from django.dispatch import receiver
 from distlock import ConfigurationError, seconds
 from distlock.backends import SCHEMES, Scheme, parse_url, scheme_of
 
+from ._database import alias_of, database_url
 from ._rules import compile_rules
 
 __all__ = ["DEFAULTS", "DOCS", "SETTINGS", "Problem", "Setting", "conf", "lock_name", "validate"]
@@ -80,48 +81,6 @@ class Setting:
         return Problem(self.check_id, message, f"{self.what} takes {self.allowed}. See {DOCS}.")
 
 
-#: ``DISTLOCK["URL"] = "django://<alias>"``: the SQL lock table in that database of ``DATABASES``.
-DJANGO_SCHEME = "django"
-#: Django's database engines that have a lock table, and the ``sql+`` scheme of each.
-_LOCK_TABLE_ENGINES = {
-    "django.db.backends.postgresql": "postgresql",
-    "django.db.backends.mysql": "mysql",
-    "django.db.backends.sqlite3": "sqlite",
-}
-
-
-def _database_url(alias: str, what: str) -> str:
-    """The lock-table URL of the database ``alias`` (as its connection is configured now: under a test runner, the
-    test database), built from its settings without connecting."""
-    from django.db import connections
-
-    if alias not in connections.settings:
-        raise ConfigurationError(
-            f'{what} = "django://{alias}" names no database; DATABASES has {", ".join(sorted(connections.settings))}'
-        )
-    database = connections.settings[alias]
-    engine = str(database.get("ENGINE", ""))
-    vendor = _LOCK_TABLE_ENGINES.get(engine)
-    if vendor is None:
-        raise ConfigurationError(
-            f'{what} = "django://{alias}": its ENGINE {engine!r} has no lock table (PostgreSQL, MySQL/MariaDB '
-            "and SQLite have one); name a lock service URL instead"
-        )
-    name = str(database.get("NAME") or "")
-    if vendor == "sqlite":
-        if not name or name == ":memory:" or "mode=memory" in name:
-            raise ConfigurationError(
-                f'{what} = "django://{alias}": an in-memory SQLite database is one process\'s; a lock table needs '
-                "a file every process opens"
-            )
-        return f"sql+sqlite:///{Path(name).resolve()}"
-    user, password = str(database.get("USER") or ""), str(database.get("PASSWORD") or "")
-    credentials = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "") + "@" if user else ""
-    host = str(database.get("HOST") or "localhost")
-    port = f":{database['PORT']}" if database.get("PORT") else ""
-    return f"sql+{vendor}://{credentials}{host}{port}/{quote(name, safe='')}"
-
-
 def _scheme(url: str) -> Scheme | None:
     return scheme_of(url.partition("://")[0])
 
@@ -129,9 +88,9 @@ def _scheme(url: str) -> Scheme | None:
 def _url(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{what} must be a non-empty str, not {type(value).__name__}: {value!r}")
-    scheme, _, rest = value.partition("://")
-    if scheme == DJANGO_SCHEME:  # distlock_django's own "django://<alias>", no distlock URL
-        return _database_url(rest.partition("/")[0].partition("?")[0] or "default", what)
+    if alias_of(value) is not None:  # distlock_django's own "django://<alias>": checked, kept (_client.py follows it)
+        database_url(value, what, connecting=False)
+        return value
     if _scheme(value) is None:
         schemes = ", ".join(f"{name}://" for name in SCHEMES)
         raise ConfigurationError(f"{what} = {value!r} is not a distlock URL; its scheme must be one of {schemes}")
@@ -294,29 +253,39 @@ def validate(user: object) -> tuple[dict[str, Any], list[Problem]]:
             merged[key] = setting.default
             bad.add(key)
     if not bad & {"URL", "OPTIONS"}:
-        problems.extend(_client_problems(merged["URL"], merged["OPTIONS"]))
+        problems.extend(_client_problems(database_url(merged["URL"], connecting=False), merged["OPTIONS"]))
     problems.extend(_unknown_key(key) for key in user if key not in SETTINGS)
     return merged, problems
 
 
-_cache: dict[str, Any] | None = None
+#: The ``DISTLOCK`` value last judged (a deep copy) and the settings made of it.
+_cache: tuple[object, dict[str, Any]] | None = None
 
 
 def conf() -> Mapping[str, Any]:
     """The effective settings: ``DEFAULTS`` updated with ``settings.DISTLOCK``, checked by :func:`validate`.
 
-    Raises ``ConfigurationError`` naming every bad key; logs unknown keys as warnings.
+    Judged again when ``settings.DISTLOCK`` changes, whether assigned (``setting_changed``) or changed in place (a
+    comparison with the copy last judged, a few keys per call). Raises ``ConfigurationError`` naming every bad key;
+    logs unknown keys as warnings.
     """
     global _cache
-    if _cache is None:
-        merged, problems = validate(getattr(settings, "DISTLOCK", {}))
-        errors = [problem.message for problem in problems if problem.is_error]
-        if errors:
-            raise ConfigurationError(f"bad DISTLOCK settings (see {DOCS}): " + "; ".join(errors))
-        for problem in problems:
-            log.warning("%s (%s)", problem.message, problem.check_id)
-        _cache = merged
-    return _cache
+    user = getattr(settings, "DISTLOCK", {})
+    cached = _cache
+    if cached is not None and cached[0] == user:
+        return cached[1]
+    merged, problems = validate(user)
+    errors = [problem.message for problem in problems if problem.is_error]
+    if errors:
+        raise ConfigurationError(f"bad DISTLOCK settings (see {DOCS}): " + "; ".join(errors))
+    for problem in problems:
+        log.warning("%s (%s)", problem.message, problem.check_id)
+    try:
+        judged = copy.deepcopy(user)
+    except Exception:  # a value that cannot be copied (an SSL context in OPTIONS): then only assignments count
+        judged = user
+    _cache = (judged, merged)
+    return merged
 
 
 def lock_name(rendered: str) -> str:
@@ -329,4 +298,4 @@ def lock_name(rendered: str) -> str:
 def _reload(*, setting: str, **kwargs: Any) -> None:
     global _cache
     if setting == "DISTLOCK":
-        _cache = None  # the shared client resets itself too (_client.py)
+        _cache = None  # judged again even when the new value equals the old
