@@ -42,6 +42,7 @@ from ._errors import (
 )
 from ._fence import Fence, current_fence, fence_for, fence_for_write, fence_refused, stale_token_message
 from ._guard import fence_guard_sql
+from ._install import docs_url, install_line, require_extra
 from ._lock import Lock, current_lock, current_token
 from ._lockoptions import LockOptions
 from ._multi import AsyncMultiLock, MultiLock
@@ -94,11 +95,14 @@ __all__ = [
     "current_fence",
     "current_lock",
     "current_token",
+    "docs_url",
     "fence_for",
     "fence_for_write",
     "fence_guard_sql",
     "fence_refused",
     "format_lock_table",
+    "install_line",
+    "require_extra",
     "seconds",
     "stale_token_message",
 ]

@@ -11,10 +11,11 @@ Add ``"distlock_django"`` to ``INSTALLED_APPS`` for the system checks (and, with
 ``distlock.celery`` tasks use the same client); configure with one ``DISTLOCK`` dict (``_conf.py``). Only public
 names of :mod:`distlock` are used here.
 
-What can go wrong: bad settings raise ``ConfigurationError`` when first used (``manage.py check`` reports them
-first); an unreachable lock service raises ``BackendUnavailable`` from the first lock, not at import time; a busy
-lock, a lost lock or a refused write in a view become 423/409 responses (see ``_decorators.py``); a stale write
-outside a view raises ``StaleFenceToken``.
+What can go wrong: a name of this package used without Django installed raises ``ModuleNotFoundError`` naming the
+``django`` extra (the package itself imports without it); bad settings raise ``ConfigurationError`` when first used
+(``manage.py check`` reports them first); an unreachable lock service raises ``BackendUnavailable`` from the first lock,
+not at import time; a busy lock, a lost lock or a refused write in a view become 423/409 responses (see
+``_decorators.py``); a stale write outside a view raises ``StaleFenceToken``.
 """
 
 import importlib
@@ -48,6 +49,9 @@ _HOMES = {
 
 def __getattr__(name: str) -> Any:
     if name in _HOMES:
+        from distlock import require_extra
+
+        require_extra("django", extra="django", integration="distlock_django")
         return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from distlock import ConfigurationError, seconds
+from distlock import ConfigurationError, docs_url, seconds
 from distlock.backends import SCHEMES, Scheme, parse_url, scheme_of
 
 from ._database import alias_of, database_url
@@ -39,8 +39,9 @@ __all__ = ["DEFAULTS", "DOCS", "SETTINGS", "Problem", "Setting", "conf", "lock_n
 
 log = logging.getLogger("distlock.django")
 
-#: Where the settings are documented; every hint points there.
-DOCS = "docs/reference/django-settings.md"
+#: Where the settings are documented, on the documentation site (a pip user has no docs/ folder); every hint points
+#: there.
+DOCS = docs_url("reference/django-settings.md")
 _NOT_A_DICT = "distlock.E001"  # settings.DISTLOCK is not a dict
 _MISSING_EXTRA = "distlock.E005"  # the URL's backend needs a client library that is not installed
 _UNKNOWN_KEY = "distlock.W001"  # a key DISTLOCK does not have (a warning)

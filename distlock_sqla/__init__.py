@@ -20,11 +20,14 @@ Works with ``Session``/``Connection`` and ``AsyncSession``/``AsyncConnection``; 
 are fenced, strict mode and the storage-level guard (:func:`fence_guard`): docs/integrations/sqlalchemy.md.
 
 What can go wrong: an unfenceable model or table fails when declared (``ConfigurationError``, ``InvalidKeyTemplate``);
-a refused write raises :class:`StaleFenceToken`, another lock's token ``LockNotOwned``, and a fenced helper (or a
-strict flush) outside the row's lock ``UnfencedWrite``.
+importing it without SQLAlchemy raises ``ModuleNotFoundError`` naming the ``sqlalchemy`` extra; a refused write raises
+:class:`StaleFenceToken`, another lock's token ``LockNotOwned``, and a fenced helper (or a strict flush) outside the
+row's lock ``UnfencedWrite``.
 """
 
-from distlock import UnfencedWrite
+from distlock import UnfencedWrite, require_extra
+
+require_extra("sqlalchemy", extra="sqlalchemy", integration="distlock_sqla")
 
 from ._errors import StaleFenceToken
 from ._flush import STRICT

@@ -17,11 +17,16 @@ queued-or-running call. ``LeaderScheduler`` runs beat on a leader. The client: `
 ``set_client_factory()`` (Django's ``DISTLOCK`` with ``distlock_django``); ``get_client(app)`` returns it. Options,
 duplicates, hand-over races: docs/integrations/celery.md.
 
-What can go wrong: a bad ``unique_on`` or option raises ``ConfigurationError`` when Celery creates the task class
-(per call: from ``apply_async``, before sending). An unreachable lock service raises ``BackendUnavailable`` from
-``apply_async`` in enqueue mode (nothing sent), else fails the run. A lock lost mid-run cannot stop the task:
-``self.lock.ensure_held()`` raises ``LockLost``, and only fenced writes stay safe.
+What can go wrong: importing it without Celery raises ``ModuleNotFoundError`` naming the ``celery`` extra; a bad
+``unique_on`` or option raises ``ConfigurationError`` when Celery creates the task class (per call: from
+``apply_async``, before sending). An unreachable lock service raises ``BackendUnavailable`` from ``apply_async`` in
+enqueue mode (nothing sent), else fails the run. A lock lost mid-run cannot stop the task: ``self.lock.ensure_held()``
+raises ``LockLost``, and only fenced writes stay safe.
 """
+
+from distlock import require_extra
+
+require_extra("celery", extra="celery", integration="distlock.celery")
 
 from ._beat import LeaderScheduler
 from ._config import get_client, set_client_factory

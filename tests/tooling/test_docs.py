@@ -9,14 +9,18 @@ heading ids.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
 import sys
+import tomllib
 import unicodedata
 from pathlib import Path
 
 import pytest
+
+from distlock._install import DOCS_SITE
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -115,9 +119,10 @@ def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "reference" / "distlock" / "index.html").exists()
 
 
-#: A repository path cited in prose: ``tests/…/x.py``, ``distlock/…/x.py`` (no link for mkdocs to check).
+#: A repository path cited in prose: ``tests/…/x.py``, ``distlock/…/x.py`` (no link for mkdocs to check); not the
+#: tail of a URL's path (``https://github.com/distlock/…``).
 _CITED_PATH = re.compile(
-    r"\b((?:tests|distlock|distlock_django|distlock_sqla|benchmarks|faults|scripts)/[\w./-]*\.(?:py|sh|lua|md))(?![\w*])"
+    r"(?<![\w/.-])((?:tests|distlock|distlock_django|distlock_sqla|benchmarks|faults|scripts)/[\w./-]*\.(?:py|sh|lua|md))(?![\w*])"
 )
 
 
@@ -140,3 +145,38 @@ def test_every_file_the_docs_and_docstrings_cite_exists() -> None:
         if not (REPO / cited).exists()
     )
     assert not missing, "paths cited that do not exist:\n" + "\n".join(missing)
+
+
+def _docs_url_pages() -> list[tuple[str, str]]:
+    """Each ``docs_url(page)`` of the library (``page`` a string, or a module-level name bound to one), and where."""
+    pages = []
+    for package in ("distlock", "distlock_django", "distlock_sqla"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            constants = {
+                target.id: node.value.value
+                for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                for target in node.targets
+                if isinstance(target, ast.Name)
+            }
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "docs_url" and node.args:
+                    arg = node.args[0]
+                    page = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
+                    pages.append((str(page), f"{path.relative_to(REPO)}:{node.lineno}"))
+    return pages
+
+
+def test_every_page_the_code_links_to_exists_on_the_one_documentation_site() -> None:
+    """Messages link to the site (a pip user has no docs/): each page and heading they name must exist, and the site's
+    address is the same in the code, pyproject.toml's [project.urls] and mkdocs.yml."""
+    pages = _docs_url_pages()
+    assert len(pages) >= 3, pages  # the Django settings' hints and the two "Upgrading" messages at least
+    for page, where in pages:
+        file_part, _, anchor = page.partition("#")
+        assert (DOCS / file_part).is_file(), f"{where}: docs_url({page!r}) names no page of docs/"
+        assert not anchor or anchor in anchors(DOCS / file_part), f"{where}: {file_part} has no heading {anchor!r}"
+    urls = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Documentation"] == DOCS_SITE
+    assert f"\nsite_url: {DOCS_SITE}\n" in (REPO / "mkdocs.yml").read_text()

@@ -1,7 +1,12 @@
 """Each extra works installed alone: a fresh venv gets only ``distlock-fenced[<extra>]`` from a wheel of this checkout
 and runs that integration's smoke script (``tests/tooling/extras/``) against the session's real servers. The ``dev``
 extra installs everything, so nothing else in the suite could see an integration that imports a package its extra
-lacks (as ``distlock_sqla`` once needed greenlet, which SQLAlchemy 2.1 stopped installing)."""
+lacks (as ``distlock_sqla`` once needed greenlet, which SQLAlchemy 2.1 stopped installing).
+
+The wheel is built as a release builds it (CONTRIBUTING.md, "Releasing"): ``python -m build`` makes the sdist and
+then the wheel from the unpacked sdist, so a file the sdist leaves out fails here, and ``twine check --strict``
+judges both. The venv's Python runs isolated (``-I``: no ``PYTHONPATH``, no current directory), so only the
+installed wheel is imported, never the checkout."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from pathlib import Path
 import pytest
 from _support import REPO
 
+import distlock
 from distlock.testing._plugin import ThrowawayServers
 
 #: extras -> the smoke script, and the backend of the lock service it runs on (the plugin's throwaway one).
@@ -32,14 +38,13 @@ SMOKES = {
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
-        check=True,
-        timeout=300,
-    )
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "-o", str(out), str(REPO)], check=True, timeout=300)
+    (sdist,) = out.glob("*.tar.gz")
     (built,) = out.glob("*.whl")
-    assert built.name.startswith("distlock_fenced-"), built.name  # the distribution's name, not its packages'
+    subprocess.run([sys.executable, "-m", "twine", "check", "--strict", sdist, built], check=True, timeout=120)
+    # the distribution's name, not its packages', and the version written once (distlock/__init__.py)
+    assert built.name == f"distlock_fenced-{distlock.__version__}-py3-none-any.whl", built.name
     return built
 
 
@@ -51,10 +56,10 @@ def test_extra_installed_alone_runs_its_integration(
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    subprocess.run([python, "-m", "pip", "install", "-q", f"{wheel}[{extras}]"], check=True, timeout=600)
-    # Run from an empty directory: the checkout's packages must not shadow the installed ones.
+    subprocess.run([python, "-I", "-m", "pip", "install", "-q", f"{wheel}[{extras}]"], check=True, timeout=600)
+    # Isolated, from an empty directory: the checkout's packages must not shadow the installed ones.
     result = subprocess.run(
-        [python, str(Path(__file__).with_name("extras") / script), distlock_servers.url(backend)],
+        [python, "-I", str(Path(__file__).with_name("extras") / script), distlock_servers.url(backend)],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -1,5 +1,6 @@
 """A URL whose backend's extra is not installed raises ``ConfigurationError`` naming the extra to install, before any
-network traffic (a row of the README's error table)."""
+network traffic (a row of the README's error table); an integration used without its framework raises an
+``ImportError`` naming the extra too."""
 
 from __future__ import annotations
 
@@ -43,3 +44,41 @@ def test_a_backend_without_its_extra_raises_configuration_error(module: str, url
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ConfigurationError:") and extra in result.stdout, result.stdout
+
+
+_IMPORT_PROBE = """
+import sys
+sys.modules[{module!r}] = None
+try:
+    {statement}
+except ImportError as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "statement", "message"),
+    [
+        # distlock_django itself imports without Django (its pytest plugin is loaded by every pytest run): its names
+        # do not.
+        ("django", "import distlock_django; from distlock_django import distributed_lock", "distlock_django needs"),
+        ("sqlalchemy", "import distlock_sqla", "distlock_sqla needs"),
+        ("celery", "import distlock.celery", "distlock.celery needs"),
+    ],
+    ids=["django", "sqlalchemy", "celery"],
+)
+def test_an_integration_without_its_extra_raises_import_error_naming_it(
+    module: str, statement: str, message: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE.format(module=module, statement=statement)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    said = result.stdout.strip()
+    assert said.startswith(f"ModuleNotFoundError {message} the '{module}' extra"), said
+    assert f"pip install 'distlock-fenced[{module}]'" in said, said

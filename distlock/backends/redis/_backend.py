@@ -31,6 +31,7 @@ from typing import Any
 
 from ... import _clock
 from ..._errors import AuthenticationFailed, BackendError, BackendUnavailable, ConfigurationError
+from ..._install import docs_url
 from ..._protocol import (
     KINDS,
     Head,
@@ -331,7 +332,7 @@ class RedisBackend:
             f"lock {name!r} is held or awaited by a distlock client of an earlier Redis key layout (queue member "
             f"{member.decode('ascii', 'replace')!r} has no layout mark) on {self.description}: upgrade every client "
             "that uses this Redis and key prefix before the new ones take its locks (stop the old ones, or let their "
-            "locks go): see docs/operations/redis.md, 'Upgrading'"
+            f"locks go): see 'Upgrading' at {docs_url('operations/redis.md#upgrading')}"
         )
 
     def position(self, ticket: Ticket) -> Position:

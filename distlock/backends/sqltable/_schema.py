@@ -33,6 +33,8 @@ from sqlalchemy.dialects import sqlite as sa_sqlite
 from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from ..._install import docs_url
+
 __all__ = [
     "LAYOUT",
     "Tables",
@@ -171,13 +173,17 @@ def create_missing_tables(connection: Connection, tables: Tables, *, upgrade: bo
     return replace(tables, layout=int(layout or 1))
 
 
+#: The page that tells how to move off the earlier layout.
+_UPGRADING = "operations/sql-table.md#upgrading-from-the-release-that-kept-one-row-per-name"
+
+
 def earlier_layout(description: str, prefix: str) -> str:
     """What a client on tables of the earlier layout says once, at its first request."""
     return (
         f"distlock: {description} has the earlier layout (no table {prefix}_layout): a name's row in {prefix}_locks "
         "stays after its last holder, as the earlier release kept it, so that its clients can run beside this one; "
         "once none of them runs, `distlock sql-tables --upgrade` makes the layout marker, and clients started after "
-        "it remove those rows (docs/operations/sql-table.md, Upgrading)"
+        f"it remove those rows (see {docs_url(_UPGRADING)})"
     )
 
 
