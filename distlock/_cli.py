@@ -14,8 +14,9 @@ from its new holder; ``sql-tables`` creates the SQL lock table's missing tables 
 Operators' guide: docs/operations/stuck-locks.md.
 
 What can go wrong, as the exit status: 1 ``force-release`` changed nothing (no holder, or another token); 2 a bad
-command line or input (a malformed or missing URL, a bad name or token: an empty name is refused before connecting); 3 the lock service failed (unreachable,
-refused the credentials). Every failure is one message on stderr, never a traceback.
+command line or input (a malformed or missing URL, a bad token, a bad name such as an empty one: names are checked
+before connecting); 3 the lock service failed (unreachable, refused the credentials). Every failure is one message
+on stderr, never a traceback.
 """
 
 from __future__ import annotations
