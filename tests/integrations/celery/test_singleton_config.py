@@ -24,6 +24,7 @@ from celery import Celery
 
 import distlock
 from distlock.celery import DuplicateTask, SingletonTask
+from distlock.celery._handover import take_over
 
 
 def _work(job: str, seconds: float, caller: int = 0) -> None:
@@ -266,3 +267,19 @@ def test_the_public_names_stay_exported() -> None:
     )
     assert all(hasattr(distlock.celery, name) for name in distlock.celery.__all__)
     assert issubclass(distlock.celery.DuplicateTask, distlock.LockNotAcquired)
+
+
+def test_the_takeover_lock_is_measured_under_the_tasks_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lock the integration takes carries a metrics family: the take-over lock the task's, with ``#takeover``."""
+    with distlock.connect(f"memory://takeover-{uuid.uuid4().hex[:6]}") as client:
+        families: list[str | None] = []
+        lock = client.lock("report:7", family="billing.report", ttl=5)
+
+        def spy(name: str, **options: Any) -> distlock.Lock:
+            families.append(options.get("family"))
+            return distlock.Client.lock(client, name, **options)
+
+        monkeypatch.setattr(client, "lock", spy)
+        assert take_over(client, lock, token=1, wait=0)  # reservation 1 has ended: the lock is free, and taken
+        lock.release()
+    assert families == ["billing.report#takeover"]
