@@ -189,6 +189,7 @@ def test_command_line_serves_until_sigterm_then_removes_the_server() -> None:
 def test_command_line_refuses_a_bad_port(
     argv: list[str], status: int, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    code: object
     try:
         code = testing_main(argv)
     except SystemExit as usage_error:
