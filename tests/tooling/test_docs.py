@@ -149,9 +149,18 @@ _DEFINED = re.compile(r"^\s*(?:class|def)\s+(\w+)|^\s*(\w+)\s*[:=]", re.MULTILIN
 #: Python, Linux): only these may be named without being defined in distlock's packages.
 OTHER_PROJECTS_NAMES = {
     *("AppConfig", "BigIntegerField", "CommonMiddleware", "HttpRequest", "LogEntry", "QuerySet", "MyQuerySet"),
-    *("SecurityMiddleware", "TestCase", "TransactionTestCase"),
+    *("ModelAdmin", "SecurityMiddleware", "TestCase", "TransactionTestCase"),
     *("AsyncConnection", "AsyncSession", "IntegrityError", "OperationalError", "StaleDataError"),
-    *("AsyncResult", "MeterProvider", "DeleteRange", "LeaseTimeToLive", "BadVersion", "NoNode", "NodeExists"),
+    *(
+        "AsyncResult",
+        "EagerResult",
+        "MeterProvider",
+        "DeleteRange",
+        "LeaseTimeToLive",
+        "BadVersion",
+        "NoNode",
+        "NodeExists",
+    ),
     *("NotEmpty", "TypeError", "VmRSS"),
 }
 
