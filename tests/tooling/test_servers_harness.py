@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from distlock._errors import ConfigurationError
 from distlock.testing import HarnessError, PostgresServer, RedisServer
-from distlock.testing.__main__ import main as testing_main
+from distlock.testing.__main__ import main as harness_command_line
 from distlock.testing._base import _free_port
 
 
@@ -191,7 +191,7 @@ def test_command_line_refuses_a_bad_port(
 ) -> None:
     code: object
     try:
-        code = testing_main(argv)
+        code = harness_command_line(argv)
     except SystemExit as usage_error:
         code = usage_error.code
     assert code == status and message in capsys.readouterr().err
