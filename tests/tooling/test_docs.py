@@ -149,7 +149,7 @@ _DEFINED = re.compile(r"^\s*(?:class|def)\s+(\w+)|^\s*(\w+)\s*[:=]", re.MULTILIN
 #: Python, Linux): only these may be named without being defined in distlock's packages.
 OTHER_PROJECTS_NAMES = {
     *("AppConfig", "BigIntegerField", "CommonMiddleware", "HttpRequest", "LogEntry", "QuerySet", "MyQuerySet"),
-    *("ModelAdmin", "SecurityMiddleware", "TestCase", "TransactionTestCase"),
+    *("BaseDatabaseCreation", "ModelAdmin", "SecurityMiddleware", "TestCase", "TransactionTestCase"),
     *("AsyncConnection", "AsyncSession", "IntegrityError", "OperationalError", "StaleDataError"),
     *(
         "AsyncResult",
@@ -161,7 +161,7 @@ OTHER_PROJECTS_NAMES = {
         "NoNode",
         "NodeExists",
     ),
-    *("NotEmpty", "TypeError", "VmRSS"),
+    *("NotEmpty", "ImportError", "ModuleNotFoundError", "TypeError", "VmRSS"),
 }
 
 
