@@ -4,6 +4,7 @@
     distlock --url etcd://127.0.0.1:2379 show NAME
     distlock --url etcd://127.0.0.1:2379 force-release NAME --token N
     distlock --url sql+postgresql://user@host/db sql-tables [--print-only] [--upgrade]
+    distlock --version
 
 The URL may also come from ``DISTLOCK_URL``; ``--json`` prints one JSON document, for scripts. It talks to the lock
 service with :func:`distlock.connect`, needs no framework, and works while the application is down.
@@ -13,8 +14,9 @@ from its new holder; ``sql-tables`` creates the SQL lock table's missing tables 
 Operators' guide: docs/operations/stuck-locks.md.
 
 What can go wrong, as the exit status: 1 ``force-release`` changed nothing (no holder, or another token); 2 a bad
-command line or input (a malformed or missing URL, a bad name or token); 3 the lock service failed (unreachable,
-refused the credentials). Every failure is one message on stderr, never a traceback.
+command line or input (a malformed or missing URL, a bad token, a bad name such as an empty one: names are checked
+before connecting); 3 the lock service failed (unreachable, refused the credentials). Every failure is one message
+on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import os
 import sys
 from typing import Any
 
+from . import __version__
 from ._client import Client, connect
 from ._errors import ConfigurationError, DistlockError
+from ._names import validate_name
 from ._protocol import PROCESSES, Holder, LockState
 from ._table import format_lock_table
 
@@ -62,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 done, 1 force-release changed nothing, 2 bad input, 3 the lock service failed",
         parents=[common(None)],
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.set_defaults(json=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     after = common(argparse.SUPPRESS)
@@ -178,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         return BAD_INPUT
     options = {} if args.connect_timeout is None else {"connect_timeout": args.connect_timeout}
     try:
+        if "name" in args:
+            validate_name(args.name)
         if args.command == "sql-tables":
             return _sql_tables(url, args, options)
         with connect(url, **options) as client:

@@ -79,6 +79,12 @@ def fence_for_write(
         raise UnfencedWrite(
             f"{what() if callable(what) else what} is guarded by lock {name!r}, which is not held here, and this "
             f"write must be fenced (strict): hold {name!r} and write inside it, or pass fence="
+            + (
+                " (a new row: hold the lock its values name around the insert; a name made from an automatic primary "
+                "key exists only after the insert, so give the key yourself)"
+                if inserting
+                else ""
+            )
         )
     return None
 

@@ -227,11 +227,22 @@ def _client_problems(url: str, options: dict[str, Any]) -> list[Problem]:
         ]
     error = _parse_error(url, {})
     if error is not None:
-        return [SETTINGS["URL"].problem(f'DISTLOCK["URL"]: {error}')]
+        return [SETTINGS["URL"].problem(f'DISTLOCK["URL"]: {error}'), *_options_beside_a_bad_url(scheme, options)]
+    return _options_problems(url, options)
+
+
+def _options_problems(url: str, options: dict[str, Any]) -> list[Problem]:
     error = _parse_error(url, options) if options else None
-    if error is not None:
-        return [SETTINGS["OPTIONS"].problem(f'DISTLOCK["OPTIONS"]: {error}')]
-    return []
+    return [] if error is None else [SETTINGS["OPTIONS"].problem(f'DISTLOCK["OPTIONS"]: {error}')]
+
+
+def _options_beside_a_bad_url(scheme: Scheme | None, options: dict[str, Any]) -> list[Problem]:
+    """``OPTIONS`` judged although the URL is bad, so that both are reported at once: by the grammar of the URL's
+    scheme (a lock table's for ``django://``), on a well-formed URL of that scheme."""
+    if scheme is None or any(importlib.util.find_spec(module) is None for module in scheme.requires):
+        return []
+    well_formed = f"{scheme.name}:///distlock" if scheme.backend == "sqltable" else f"{scheme.name}://127.0.0.1"
+    return _options_problems(well_formed, options)
 
 
 def validate(user: object) -> tuple[dict[str, Any], list[Problem]]:
@@ -255,6 +266,10 @@ def validate(user: object) -> tuple[dict[str, Any], list[Problem]]:
             bad.add(key)
     if not bad & {"URL", "OPTIONS"}:
         problems.extend(_client_problems(database_url(merged["URL"], connecting=False), merged["OPTIONS"]))
+    elif "OPTIONS" not in bad:
+        url = str(user.get("URL"))
+        scheme = SCHEMES["sql+sqlite"] if alias_of(url) is not None else _scheme(url)
+        problems.extend(_options_beside_a_bad_url(scheme, merged["OPTIONS"]))
     problems.extend(_unknown_key(key) for key in user if key not in SETTINGS)
     return merged, problems
 

@@ -15,7 +15,7 @@ import distlock
 from ._client import get_client
 from ._conf import conf
 
-__all__ = ["LockRow", "describe", "find_locks", "lock_table"]
+__all__ = ["LockRow", "describe", "find_locks", "lock_table", "spellings"]
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,16 @@ def find_locks(search: str = "") -> list[distlock.LockState]:
     ``shop:order:`` find ``shop:order:42``.
     """
     key_prefix: str = conf()["KEY_PREFIX"]
+    wanted = spellings(search)
     return [
-        state
-        for state in get_client().inspect()
-        if state.name.startswith(key_prefix)
-        and (state.name.startswith(search) or state.name[len(key_prefix) :].startswith(search))
+        state for state in get_client().inspect() if state.name.startswith(key_prefix) and state.name.startswith(wanted)
     ]
+
+
+def spellings(given: str) -> tuple[str, ...]:
+    """What an operator's ``given`` name (or name prefix) may stand for: itself, then itself under
+    ``DISTLOCK["KEY_PREFIX"]`` (with ``KEY_PREFIX = "shop:"``, ``order:42`` stands for ``shop:order:42``)."""
+    return tuple(dict.fromkeys((given, conf()["KEY_PREFIX"] + given)))
 
 
 def describe(error: distlock.DistlockError) -> str:

@@ -56,7 +56,8 @@ class _Candidacy:
     """
 
     def __init__(self, client: distlock.Client, name: str, ttl: float) -> None:
-        self.election = client.election(name, value=f"{socket.gethostname()}:{os.getpid()}", ttl=ttl)
+        # family: the metrics of the beat's lock (a deposed leader counts in distlock.lock.lost) under the election.
+        self.election = client.election(name, value=f"{socket.gethostname()}:{os.getpid()}", ttl=ttl, family=name)
         self._loop = asyncio.new_event_loop()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"distlock-beat-{name}", daemon=True)

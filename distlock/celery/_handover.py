@@ -81,7 +81,8 @@ def take_over(client: distlock.Client, lock: distlock.Lock, token: int, wait: fl
     (the reservation ended: it lapsed, was released, or was taken over); False after ``wait`` when the waiters ahead
     did not leave in time. True also when the reservation ended and the lock was free.
     """
-    signal = client.lock(takeover_name(lock.name, token), ttl=lock.ttl, owner=lock.owner)
+    family = None if lock.family is None else f"{lock.family}#takeover"  # bounded, as the task's family is
+    signal = client.lock(takeover_name(lock.name, token), ttl=lock.ttl, owner=lock.owner, family=family)
     if not signal.acquire(blocking=False):
         return False
     try:

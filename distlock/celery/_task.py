@@ -114,8 +114,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     - ``unique_on``: which arguments make two calls the same: a list of parameter names, or a key template such as
       ``"report:{customer_id}"`` (default: the task name and all bound arguments). Checked at task definition.
     - ``lock_on``: ``"run"`` (default; one call running at a time) or ``"enqueue"`` (one call queued or running).
-    - ``on_duplicate``: what a duplicate gets. ``lock_on="run"``: ``"skip"`` (default; the duplicate returns None
-      without running), ``"retry"`` (``self.retry()`` after ``duplicate_retry_delay`` s, counted against
+    - ``on_duplicate``: what a duplicate gets. ``lock_on="run"``: ``"skip"`` (default; the duplicate does not run: its
+      result is None), ``"retry"`` (``self.retry()`` after ``duplicate_retry_delay`` s, counted against
       ``max_retries``) or ``"raise"`` (the duplicate fails with :class:`DuplicateTask`). ``lock_on="enqueue"``:
       ``"result"`` (default; ``apply_async`` returns the existing task's ``AsyncResult`` and sends nothing) or
       ``"raise"`` (``apply_async`` raises :class:`DuplicateTask` carrying the existing task id).

@@ -7,13 +7,15 @@
     python -m distlock.testing postgres           # postgresql://distlock@127.0.0.1:<port>/distlock
     python -m distlock.testing zookeeper          # zk://127.0.0.1:<port> (--members 3: an ensemble)
     python -m distlock.testing mariadb            # sql+mysql://distlock:distlock@127.0.0.1:<port>/distlock
+    python -m distlock.testing redis --port 6390  # on a port of your choice (any one server; not a cluster)
 
 Without a server it prints its usage. The URL is the only line on stdout (for ``$(...)`` or a pipe); the log's
 path goes to stderr. Ctrl-C or SIGTERM stops the server and removes its directory.
 
-What can go wrong: a missing binary, or as root no user to run PostgreSQL as (``--create-user`` creates one),
-is reported as the `ConfigurationError` of the harness, a server that does not start as a `HarnessError`
-with its log's tail; both exit with status 1.
+What can go wrong: a missing binary, as root no user to run PostgreSQL as (``--create-user`` creates one), or a
+``--port`` in use or out of range is reported as the `ConfigurationError` of the harness, a server that does not
+start as a `HarnessError` with its log's tail; both exit with status 1. ``--port`` with ``--members`` above 1 is a
+usage error (status 2).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("server", nargs="?", choices=["etcd", "redis", "postgres", "mariadb", "zookeeper"])
     parser.add_argument("--members", type=int, default=1, help="etcd, zookeeper: members (default 1)")
+    parser.add_argument(
+        "--port", type=int, help="the port clients connect to, 1-65535 (default: a free one); one server only"
+    )
     parser.add_argument("--tls", action="store_true", help="etcd: serve TLS with client certificates")
     parser.add_argument("--etcd-version", help="etcd: run a binary of this release line, e.g. 3.4 (default: any)")
     parser.add_argument("--appendonly", action="store_true", help="redis: keep writes across kill and restart")
@@ -63,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.server is None:
         parser.print_help()
         return 0
+    if args.port is not None and args.members > 1:
+        parser.error("--port names one server's port; the members of a cluster take free ports")
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     # Started in the background by a shell, Python inherits SIGINT ignored: let `kill -INT` stop it like Ctrl-C.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -75,15 +82,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.members > 1:
                 server = EtcdCluster(args.members, tls=args.tls, binary=binary)
             else:
-                server = EtcdServer(tls=args.tls, binary=binary)
+                server = EtcdServer(tls=args.tls, binary=binary, port=args.port)
         elif args.server == "redis":
-            server = RedisServer(appendonly=args.appendonly)
+            server = RedisServer(appendonly=args.appendonly, port=args.port)
         elif args.server == "zookeeper":
-            server = ZooKeeperEnsemble(args.members) if args.members > 1 else ZooKeeperServer()
+            server = ZooKeeperEnsemble(args.members) if args.members > 1 else ZooKeeperServer(port=args.port)
         elif args.server == "mariadb":
-            server = MariaDBServer()
+            server = MariaDBServer(port=args.port)
         else:
-            server = PostgresServer(create_user=args.create_user)
+            server = PostgresServer(create_user=args.create_user, port=args.port)
         with server:
             if isinstance(server, EtcdCluster | ZooKeeperEnsemble):
                 url, logs = server.url, ", ".join(str(member.log_path) for member in server.members)

@@ -2,12 +2,13 @@
 
 `_Server` owns a private temporary directory (data, log, sockets, certificates), the server's process tree and
 a finalizer, and does what every server does the same way: start (on free loopback ports, below the kernel's
-ephemeral range or in ``$DISTLOCK_TEST_PORT_RANGE``), wait until ready, stop, kill, pause, resume, restart, close,
-``with``, the log and its tail. A server module says only what differs: its command line, when it is ready, how it
-shuts down, which ports it needs and what to do once.
+ephemeral range or in ``$DISTLOCK_TEST_PORT_RANGE``; the client port may be given instead), wait until ready, stop,
+kill, pause, resume, restart, close, ``with``, the log and its tail. A server module says only what differs: its
+command line, when it is ready, how it shuts down, which ports it needs and what to do once.
 
 What can go wrong:
 
+- A given ``port`` outside 1-65535 or in use now: ``ConfigurationError`` when the server is made.
 - The process exits or is not ready within ``start_timeout``: `ServerStartError` (`EtcdStartError` for etcd) with
   the tail of its log, the tree killed. A port taken meanwhile makes a first start choose again (up to five times);
   a restart keeps its ports, so it fails.
@@ -83,13 +84,25 @@ def _clean_env(prefix: str) -> dict[str, str]:
 _handed_out: set[int] = set()
 
 
-def _port_is_free(port: int) -> bool:
+def _port_is_free(port: int, *, as_servers_bind: bool = False) -> bool:
+    """Whether ``port`` can be bound (``as_servers_bind``: with ``SO_REUSEADDR``, so TIME_WAIT counts as free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        if as_servers_bind:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((_HOST, port))
         except OSError:
             return False
     return True
+
+
+def _usable_port(port: int | None) -> int | None:
+    """``port`` if a server may be asked to listen on it (None: a free one is chosen), else ``ConfigurationError``."""
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535):
+        raise ConfigurationError(f"a port is an int from 1 to 65535, not {port!r}")
+    if port is not None and not _port_is_free(port, as_servers_bind=True):
+        raise ConfigurationError(f"port {port} of {_HOST} is in use; give another, or none for a free one")
+    return port
 
 
 def _ephemeral_low() -> int:
@@ -314,7 +327,8 @@ class _Server(_Managed):
     _stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
     _stop_timeout: ClassVar[float] = 10.0
 
-    def __init__(self, prefix: str, start_timeout: float) -> None:
+    def __init__(self, prefix: str, start_timeout: float, port: int | None = None) -> None:
+        self._given_port = _usable_port(port)
         self._start_timeout = start_timeout
         self._dir = Path(tempfile.mkdtemp(prefix=prefix))
         self._process = _ProcessTree()
@@ -338,7 +352,11 @@ class _Server(_Managed):
 
     @abc.abstractmethod
     def _choose_ports(self) -> None:
-        """Choose free ports for a first start (again after a port was taken)."""
+        """Choose ports for a first start (again after a port was taken); the client's: `_client_port_choice`."""
+
+    def _client_port_choice(self) -> int:
+        """The port clients connect to: the one given to the constructor, else a free one."""
+        return self._given_port if self._given_port is not None else _free_port()
 
     @abc.abstractmethod
     def _command(self) -> list[str]: ...
@@ -564,13 +582,9 @@ class _Server(_Managed):
 class _OnePortServer(_Server):
     """A server that listens on one port of 127.0.0.1 (PostgreSQL, Redis)."""
 
-    def __init__(self, prefix: str, start_timeout: float) -> None:
-        super().__init__(prefix, start_timeout)
-        self._port: int | None = None
+    _port: int | None = None  # until the first start chooses it
 
-    @property
-    def host(self) -> str:
-        return _HOST
+    host = _HOST
 
     @property
     def port(self) -> int:
@@ -582,4 +596,4 @@ class _OnePortServer(_Server):
         return f"{_HOST}:{self._port}" if self._port is not None else "no port yet"
 
     def _choose_ports(self) -> None:
-        self._port = _free_port()
+        self._port = self._client_port_choice()

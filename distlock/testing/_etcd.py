@@ -183,8 +183,8 @@ class _Ports:
     metrics: int
 
     @classmethod
-    def pick(cls) -> _Ports:
-        return cls(_free_port(), _free_port(), _free_port())
+    def pick(cls, client: int | None = None) -> _Ports:
+        return cls(client if client is not None else _free_port(), _free_port(), _free_port())
 
 
 @dataclass(frozen=True)
@@ -289,6 +289,7 @@ class EtcdServer(_Server):
         start_timeout: float = 20.0,
         extra_args: Sequence[str] = (),
         binary: str | None = None,
+        port: int | None = None,
     ) -> None:
         self._etcd_bin = binary if binary is not None else find_etcd()
         self._version = etcd_version(self._etcd_bin)
@@ -297,7 +298,7 @@ class EtcdServer(_Server):
         self._election_ms = election_timeout_ms
         self._no_fsync = unsafe_no_fsync
         self._extra_args = list(extra_args)
-        super().__init__("distlock-etcd-", start_timeout)
+        super().__init__("distlock-etcd-", start_timeout, port)
         try:
             self._tls = _TlsFiles.generate(self._dir / "tls") if tls else None
         except BaseException:
@@ -494,7 +495,7 @@ class EtcdServer(_Server):
         return f"{self._name} {self.endpoint if self._ports is not None else 'no ports yet'}"
 
     def _choose_ports(self) -> None:
-        self._ports = _Ports.pick()
+        self._ports = _Ports.pick(self._client_port_choice())
 
     def _discard_failed_start(self) -> None:
         # The data directory of a member that never became healthy records the peer URL of the taken ports.

@@ -66,7 +66,7 @@ class MariaDBServer(_OnePortServer):
     _stop_signal = signal.SIGTERM  # a normal shutdown
     _stop_timeout = 30.0
 
-    def __init__(self, *, start_timeout: float = 60.0) -> None:
+    def __init__(self, *, start_timeout: float = 60.0, port: int | None = None) -> None:
         self._bin = find_mariadb_bin()
         self._os_user: pwd.struct_passwd | None = None
         if os.geteuid() == 0:
@@ -74,7 +74,7 @@ class MariaDBServer(_OnePortServer):
                 self._os_user = pwd.getpwnam("mysql")
             except KeyError:
                 self._os_user = None
-        super().__init__("distlock-mariadb-", start_timeout)
+        super().__init__("distlock-mariadb-", start_timeout, port)
         try:
             if self._os_user is not None:
                 os.chown(self._dir, self._os_user.pw_uid, self._os_user.pw_gid)

@@ -121,6 +121,7 @@ class PostgresServer(_OnePortServer):
         settings: dict[str, str] | None = None,
         user: str | None = None,
         create_user: bool = False,
+        port: int | None = None,
     ) -> None:
         bin_dir = find_postgres_bin()
         self._postgres = str(bin_dir / "postgres")
@@ -137,7 +138,7 @@ class PostgresServer(_OnePortServer):
             "max_connections": "200",
             **(settings or {}),
         }
-        super().__init__("distlock-pg-", start_timeout)
+        super().__init__("distlock-pg-", start_timeout, port)
         try:
             if self._user is not None:
                 os.chown(self._dir, self._user.pw_uid, self._user.pw_gid)

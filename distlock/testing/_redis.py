@@ -68,12 +68,13 @@ class RedisServer(_OnePortServer):
         password: str | None = None,
         start_timeout: float = 20.0,
         extra_args: Sequence[str] = (),
+        port: int | None = None,
     ) -> None:
         self._redis_bin = find_redis_server()
         self._appendonly = appendonly
         self._password = password
         self._extra_args = list(extra_args)
-        super().__init__("distlock-redis-", start_timeout)
+        super().__init__("distlock-redis-", start_timeout, port)
 
     @property
     def url(self) -> str:

@@ -75,13 +75,13 @@ class ZooKeeperServer(_Server):
 
     _log_name = "zookeeper.log"
 
-    def __init__(self, *, start_timeout: float = 30.0, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, *, start_timeout: float = 30.0, extra_args: Sequence[str] = (), port: int | None = None) -> None:
         self._java, self._jar = find_zookeeper()
         self._extra_args = list(extra_args)
         self._client_port: int | None = None
         self._peers: list[tuple[int, int]] = []  # (quorum port, election port) of every member, ensemble only
         self._member_id = 0
-        super().__init__("distlock-zk-", start_timeout)
+        super().__init__("distlock-zk-", start_timeout, port)
 
     @property
     def _label(self) -> str:
@@ -126,7 +126,7 @@ class ZooKeeperServer(_Server):
         return f"{_HOST}:{self._client_port}" if self._client_port is not None else "no port yet"
 
     def _choose_ports(self) -> None:
-        self._client_port = _free_port()
+        self._client_port = self._client_port_choice()
 
     def _configure_member(self, member_id: int, client_port: int, peers: list[tuple[int, int]]) -> None:
         self._member_id = member_id

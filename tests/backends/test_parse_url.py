@@ -111,11 +111,27 @@ def test_parsing_imports_no_client_library() -> None:
         ("rediss://127.0.0.1?cert=/c.pem", "needs both cert and key"),
         ("zk://127.0.0.1/a//b", "empty, '.' or '..' component"),
         ("sql+sqlite://", "names no SQLite file"),
+        *(
+            (url, r"names no SQLite file.*sql\+sqlite:///locks\.db \(three slashes.*sql\+sqlite:////var")
+            for url in (
+                "sql+sqlite://:memory:",  # SQLAlchemy alone: "invalid literal for int()"
+                "sql+sqlite+pysqlite://:memory:",
+                "sql+sqlite:///:memory:",
+                "sql+sqlite://locks.db",  # two slashes: a host
+                "sql+sqlite://host/locks.db",
+                "sql+sqlite:///file:locks?mode=memory&uri=true",
+            )
+        ),
     ],
 )
 def test_what_connect_refuses_parse_url_refuses(url: str, message: str) -> None:
     with pytest.raises(distlock.ConfigurationError, match=message):
         parse_url(url)
+
+
+def test_a_sqlite_url_takes_a_relative_path_after_three_slashes_and_an_absolute_one_after_four() -> None:
+    relative, absolute = parse_url("sql+sqlite:///locks.db"), parse_url("sql+sqlite:////var/lib/app/locks.db")
+    assert (relative.url.database, absolute.url.database) == ("locks.db", "/var/lib/app/locks.db")  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -160,9 +160,13 @@ def test_the_url_comes_from_the_environment(
             "could not reach Redis at 127.0.0.1:1",
         ),
         (["--url", "etcd://127.0.0.1:1", "--connect-timeout", "-1", "list"], 2, "connect_timeout"),
+        # A bad name is refused before connecting (nothing listens on port 1).
+        (["--url", "etcd://127.0.0.1:1", "show", ""], 2, "a lock name must not be empty"),
+        (["--url", "etcd://127.0.0.1:1", "force-release", "", "--token", "3"], 2, "a lock name must not be empty"),
+        (["--url", "etcd://127.0.0.1:1", "show", "a\x01"], 2, "control character"),
     ],
 )
-def test_a_bad_url_is_one_line_on_stderr(
+def test_bad_input_is_one_line_on_stderr(
     argv: list[str], status: int, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = run(capsys, *argv)
@@ -214,6 +218,13 @@ def test_python_m_distlock_lists_locks(
     result = _python_m_distlock("--url", backend_url, "list", "--prefix", lock_name)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 4  # the header, the holder, two waiters
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"distlock {distlock.__version__}\n"
 
 
 def test_the_console_script_is_declared() -> None:

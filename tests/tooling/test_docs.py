@@ -180,3 +180,56 @@ def test_every_page_the_code_links_to_exists_on_the_one_documentation_site() -> 
     urls = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
     assert urls["Documentation"] == DOCS_SITE
     assert f"\nsite_url: {DOCS_SITE}\n" in (REPO / "mkdocs.yml").read_text()
+
+
+#: A CamelCase name in a code span of the prose: ``DistributedLockMiddleware``, ``distlock.LockLost``.
+_CAMEL_CASE = re.compile(r"(?<!\w)([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+)\b")
+_DEFINED = re.compile(r"^\s*(?:class|def)\s+(\w+)|^\s*(\w+)\s*[:=]", re.MULTILINE)
+#: CamelCase names of other projects the docs mention (Django, SQLAlchemy, Celery, OpenTelemetry, etcd, ZooKeeper,
+#: Python, Linux): only these may be named without being defined in distlock's packages.
+OTHER_PROJECTS_NAMES = {
+    *("AppConfig", "BigIntegerField", "CommonMiddleware", "HttpRequest", "LogEntry", "QuerySet", "MyQuerySet"),
+    *("BaseDatabaseCreation", "ModelAdmin", "SecurityMiddleware", "TestCase", "TransactionTestCase"),
+    *("AsyncConnection", "AsyncSession", "IntegrityError", "OperationalError", "StaleDataError"),
+    *(
+        "AsyncResult",
+        "EagerResult",
+        "MeterProvider",
+        "DeleteRange",
+        "LeaseTimeToLive",
+        "BadVersion",
+        "NoNode",
+        "NodeExists",
+    ),
+    *("NotEmpty", "ImportError", "ModuleNotFoundError", "TypeError", "VmRSS"),
+}
+
+
+def test_every_class_name_the_docs_mention_exists() -> None:
+    """A class renamed in the code and not in the prose (``DistlockMiddleware`` for ``DistributedLockMiddleware``) is
+    found: every CamelCase name in a code span of README.md, CONTRIBUTING.md and docs/ is defined in distlock,
+    distlock_django or distlock_sqla, or is another project's (:data:`OTHER_PROJECTS_NAMES`)."""
+    defined = {
+        first or second
+        for package in ("distlock", "distlock_django", "distlock_sqla")
+        for module in (REPO / package).rglob("*.py")
+        for first, second in _DEFINED.findall(module.read_text())
+    }
+    unknown = sorted(
+        f"{path.relative_to(REPO)}: {name}"
+        for path in markdown_files()
+        for code in _CODE_SPAN.findall(_FENCE.sub("", path.read_text()))
+        for name in _CAMEL_CASE.findall(code)
+        if name not in defined and name not in OTHER_PROJECTS_NAMES
+    )
+    assert not unknown, "names the code does not define (another project's? add it to OTHER_PROJECTS_NAMES):\n" + (
+        "\n".join(unknown)
+    )
+
+
+def test_the_metrics_page_names_every_value_of_the_backend_attribute() -> None:
+    from distlock.backends import SCHEMES
+
+    page = (DOCS / "operations" / "metrics.md").read_text()
+    (line,) = [line for line in page.splitlines() if line.startswith("- `distlock.backend`:")]
+    assert {f"`{scheme.backend}`" for scheme in SCHEMES.values()} <= set(_CODE_SPAN.findall(line)), line

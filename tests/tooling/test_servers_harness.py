@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,8 @@ from redis.retry import Retry
 
 from distlock._errors import ConfigurationError
 from distlock.testing import HarnessError, PostgresServer, RedisServer
+from distlock.testing.__main__ import main as harness_command_line
+from distlock.testing._base import _free_port
 
 
 def _processes_using(directory: Path) -> list[int]:
@@ -160,7 +163,8 @@ def test_command_line_prints_usage_without_a_server() -> None:
 
 
 def test_command_line_serves_until_sigterm_then_removes_the_server() -> None:
-    command = [sys.executable, "-m", "distlock.testing", "redis"]
+    port = _free_port()
+    command = [sys.executable, "-m", "distlock.testing", "redis", "--port", str(port)]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as cli:
         assert cli.stdout is not None and cli.stderr is not None
         url = cli.stdout.readline().strip()
@@ -169,9 +173,35 @@ def test_command_line_serves_until_sigterm_then_removes_the_server() -> None:
             assert client.ping() is True
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(timeout=30) == 0
-    assert url.startswith("redis://127.0.0.1:")
+    assert url == f"redis://127.0.0.1:{port}/0"
     assert log.name == "redis.log" and not log.parent.exists()
     assert _processes_using(log.parent) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        (["redis", "--port", "0"], 1, "a port is an int from 1 to 65535, not 0"),
+        (["zookeeper", "--port", "65536"], 1, "a port is an int from 1 to 65535, not 65536"),
+        (["etcd", "--port", "2389", "--members", "3"], 2, "--port names one server's port"),
+    ],
+)
+def test_command_line_refuses_a_bad_port(
+    argv: list[str], status: int, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code: object
+    try:
+        code = harness_command_line(argv)
+    except SystemExit as usage_error:
+        code = usage_error.code
+    assert code == status and message in capsys.readouterr().err
+
+
+def test_a_server_refuses_a_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        with pytest.raises(ConfigurationError, match=f"port {taken.getsockname()[1]} of 127.0.0.1 is in use"):
+            RedisServer(port=taken.getsockname()[1])
 
 
 def test_redis_answers_ping_on_its_url(redis_server: RedisServer) -> None:

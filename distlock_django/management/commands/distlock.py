@@ -3,7 +3,9 @@ force-release one lock's holder.
 
 ``--prefix`` narrows the list to lock names that start with it (default ``DISTLOCK["KEY_PREFIX"]``).
 ``--force-release NAME --token N`` removes lock NAME's holder only if its fencing token is still N (the token the
-list showed), as the admin's lock page does: the next waiter gets the lock, the holder sees it lost. What can go
+list showed), as the admin's lock page does: the next waiter gets the lock, the holder sees it lost. NAME may be
+given with or without ``KEY_PREFIX``, as the admin's search takes it (``_inspect.spellings``): the name as given is
+tried first, then under the key prefix. What can go
 wrong: any ``DistlockError`` (an unreachable service, bad settings, a bad name or token) becomes a ``CommandError``:
 the message on stderr, exit status 1; so does a release that found another holder or none (nothing is changed).
 """
@@ -17,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 import distlock
 from distlock_django._client import get_client
 from distlock_django._conf import conf
+from distlock_django._inspect import spellings
 
 
 class Command(BaseCommand):
@@ -45,12 +48,16 @@ class Command(BaseCommand):
         if name is None or token is None:
             raise CommandError("--force-release NAME needs --token N, the holder's fencing token as the list shows it")
         client = get_client()
+        names = spellings(name)
+        holders = []
         try:
-            if client.force_release(name, token):
-                self.stdout.write(f"released lock {name!r} at token {token}")
-                return
-            now = client.holder(name)
+            for candidate in names:
+                if client.force_release(candidate, token):
+                    self.stdout.write(f"released lock {candidate!r} at token {token}")
+                    return
+                now = client.holder(candidate)
+                holder = "nobody holds it" if now is None else f"its holder's token is {now.token} (owner {now.owner})"
+                holders.append(holder + (f" under the name {candidate!r}" if len(names) > 1 else ""))
         except distlock.DistlockError as e:
             raise CommandError(f"cannot force-release lock {name!r}: {e}") from e
-        holder = "nobody holds it" if now is None else f"its holder's token is {now.token} (owner {now.owner})"
-        raise CommandError(f"lock {name!r} was not released: {holder}, not {token}; nothing changed")
+        raise CommandError(f"lock {name!r} was not released: {'; '.join(holders)}, not {token}; nothing changed")

@@ -132,6 +132,8 @@ def test_a_new_leader_continues_the_runs_from_the_ledger(
     second = LeaderScheduler(app=_app(broker, etcd_url, queue))
     try:
         wait_until(lambda: first.tick() is not None and first._term is not None, 10, "the first to lead")
+        assert first._candidacy is not None  # its lock's metrics (a deposed leader's lost lock) under the election
+        assert first._candidacy.election.lock.family == f"celery-beat-tests/{queue}"
         _tick_until(first, 3, broker, queue)
         assert second.tick() == second.standby_interval
         first.close()

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 import redis
-from _support import child_env
+from _support import REPO, child_env
 from celery import Celery
 
 import distlock
-from distlock.celery import DuplicateTask, SingletonTask
+from distlock.celery import DuplicateTask, SingletonTask, get_client
+from distlock.celery._handover import take_over
 
 
 def _work(job: str, seconds: float, caller: int = 0) -> None:
@@ -94,6 +95,25 @@ def test_lock_names_come_from_the_bound_arguments(app: Celery) -> None:
         every.singleton_key((object(), 1.0))
     with pytest.raises(TypeError, match="do not fit its signature"):
         every.singleton_key((), {"nope": 1})
+
+
+def _send_invoice(invoice_id: int, copy: bool = False) -> None:
+    """The task body celery.md names its locks with."""
+
+
+def _rebuild_report(customer_id: int, full: bool = False) -> None:
+    """The task body celery.md names its locks with."""
+
+
+def test_the_lock_names_celery_md_shows_are_the_tasks(app: Celery) -> None:
+    page = (REPO / "docs" / "integrations" / "celery.md").read_text()
+    send_invoice = app.task(base=SingletonTask, name="billing.tasks.send_invoice", lazy=False)(_send_invoice)
+    rebuild_report = app.task(
+        base=SingletonTask, name="billing.tasks.rebuild_report", unique_on=["customer_id"], lazy=False
+    )(_rebuild_report)
+    for name in (send_invoice.singleton_key((42,)), rebuild_report.singleton_key((7,))):
+        assert f"`{name}`" in page, name
+    assert "'celery:billing.tasks.rebuild_report:{\"customer_id\":7}'" in page  # quoted for the shell
 
 
 def test_a_bad_per_call_option_fails_before_anything_is_sent(celery_app: Celery, redis_url: str) -> None:
@@ -266,3 +286,37 @@ def test_the_public_names_stay_exported() -> None:
     )
     assert all(hasattr(distlock.celery, name) for name in distlock.celery.__all__)
     assert issubclass(distlock.celery.DuplicateTask, distlock.LockNotAcquired)
+
+
+def test_the_takeover_lock_is_measured_under_the_tasks_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lock the integration takes carries a metrics family: the take-over lock the task's, with ``#takeover``."""
+    with distlock.connect(f"memory://takeover-{uuid.uuid4().hex[:6]}") as client:
+        families: list[str | None] = []
+        lock = client.lock("report:7", family="billing.report", ttl=5)
+
+        def spy(name: str, **options: Any) -> distlock.Lock:
+            families.append(options.get("family"))
+            return distlock.Client.lock(client, name, **options)
+
+        monkeypatch.setattr(client, "lock", spy)
+        assert take_over(client, lock, token=1, wait=0)  # reservation 1 has ended: the lock is free, and taken
+        lock.release()
+    assert families == ["billing.report#takeover"]
+
+
+def test_a_skipped_duplicate_is_a_result_of_none_not_a_delay_returning_none(app: Celery) -> None:
+    """What the README and celery.md say: ``delay()`` returns its ``AsyncResult`` as always; the duplicate is skipped,
+    and its result is None (state ``SUCCESS``). Eagerly here; a worker's outcome is test_singleton_run.py's."""
+    app.conf.task_always_eager = True
+    app.conf.distlock_url = f"memory://eager-{uuid.uuid4().hex[:6]}"
+    ran: list[int] = []
+
+    @app.task(base=SingletonTask, unique_on=["customer_id"])
+    def rebuild_report(customer_id: int) -> int:
+        ran.append(customer_id)
+        return customer_id
+
+    with get_client(app).lock(rebuild_report.singleton_key((7,))):
+        duplicate = rebuild_report.delay(7)
+    assert (duplicate.state, duplicate.result, ran) == ("SUCCESS", None, [])
+    assert rebuild_report.delay(7).result == 7

@@ -116,6 +116,21 @@ def test_manage_py_check_reports_five_bad_settings_at_once_with_five_ids(setting
     assert "identified 5 issues" in report
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "etcd://127.0.0.1:2379/a/path",  # a bad URL of a known scheme: OPTIONS judged by its grammar
+        "sql+sqlite://:memory:",
+        "django://no-such-alias",  # OPTIONS judged by the lock table's grammar
+    ],
+)
+def test_a_bad_url_and_a_bad_option_are_reported_at_once(url: str, settings: Settings) -> None:
+    settings.DISTLOCK = {"URL": url, "OPTIONS": {"colour": "red"}}
+    messages = check_settings()
+    assert _ids(messages) == ["distlock.E002", "distlock.E006"], messages
+    assert "unknown connect() option(s) colour" in messages[1].msg
+
+
 def test_a_bad_setting_raises_configuration_error_naming_the_key_on_first_use() -> None:
     with override_settings(DISTLOCK={"URL": "etcd://127.0.0.1:2379", "RETRY_AFTER": "soon", "TTL": "thirty"}):
         with pytest.raises(distlock.ConfigurationError) as raised, distributed_lock("report:daily"):

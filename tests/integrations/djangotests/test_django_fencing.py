@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 from _support import Worker
+from django.core.management import call_command
 from django.db import connections, transaction
 from djangotests.testapp.models import Account, Plain
 from pytest_django.fixtures import Settings
@@ -503,6 +504,26 @@ def test_strict_mode_refuses_unfenced_writes(db_alias: str, settings: Settings) 
         account.save()
     assert Account.objects.count() == 1
     assert Account.objects.get().balance == 7
+
+
+def test_strict_mode_lets_loaddata_in_and_a_create_needs_its_pk_and_lock(
+    db_alias: str, settings: Settings, tmp_path: Path
+) -> None:
+    """What django.md's "Strict mode in tests, fixtures and the admin" says: ``loaddata`` (``TestCase.fixtures``)
+    writes raw, outside the fence; a ``create()`` whose lock name needs its automatic pk is refused, leaving nothing;
+    with the pk given, inside its lock, it is fenced; with ``FENCING = "on"`` for the set-up, it is plain."""
+    settings.DISTLOCK = {**conf(), "FENCING": "strict"}
+    fixture = tmp_path / "accounts.json"
+    fixture.write_text('[{"model": "testapp.account", "pk": 70, "fields": {"balance": 1}}]')
+    call_command("loaddata", str(fixture), database=db_alias, verbosity=0)
+    with pytest.raises(distlock.UnfencedWrite, match="automatic primary key exists only after the insert"):
+        Account.objects.create(balance=3)
+    assert list(Account.objects.values_list("pk", flat=True)) == [70]
+    with get_client().lock(lock_name("account:71"), ttl=10) as lock:
+        assert Account.objects.create(pk=71, balance=3).fence_token == lock.token
+    settings.DISTLOCK = {**conf(), "FENCING": "on"}
+    Account.objects.create(balance=5)
+    assert Account.objects.count() == 3
 
 
 def test_fenced_apis_on_a_plain_model_are_refused(db_alias: str) -> None:
