@@ -547,7 +547,7 @@ class Lock:
             raise ClientClosed(f"lock {self.name!r}: the distlock client was closed (which released the lock)")
         removed = True
         try:
-            with self._context.open_for(f"release lock {self.name!r}"):
+            with self._context.open_for(f"release lock {self.name!r}", new_work=False):
                 removed = self._context.backend.dequeue(ticket)
             self._context.keeper.left(session, ticket)
         except BackendError as e:
