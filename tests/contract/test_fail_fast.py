@@ -44,7 +44,7 @@ def test_after_an_outage_new_work_fails_fast_without_a_request_then_one_probe_re
         with pytest.raises(distlock.BackendUnavailable, match="is down"):
             client.lock("a").acquire()
         calls = backend.calls
-        with pytest.raises(distlock.BackendUnavailable, match="failing fast since .* until .*is down") as failed:
+        with pytest.raises(distlock.BackendUnavailable, match=r"failing fast since .* until .*is down") as failed:
             client.lock("a").acquire()
         with pytest.raises(distlock.BackendUnavailable, match="failing fast"):
             client.holder("a")
@@ -115,6 +115,6 @@ def test_a_client_cache_fails_fast_after_a_failed_connect() -> None:
     with pytest.raises(distlock.BackendUnavailable) as first:
         cache.get(url, {"connect_timeout": 0.3, "fail_fast": 60})
     assert "failing fast" not in str(first.value)
-    with pytest.raises(distlock.BackendUnavailable, match="^connect: failing fast"):
+    with pytest.raises(distlock.BackendUnavailable, match=r"^connect: failing fast"):
         cache.get(url, {"connect_timeout": 0.3, "fail_fast": 60})
     cache.clear()
