@@ -18,6 +18,7 @@ from _support import wait_until
 
 import distlock
 from distlock.testing import MemoryBackend
+from distlock.testing._memory import _Server
 
 
 class Outage(MemoryBackend):
@@ -29,7 +30,7 @@ class Outage(MemoryBackend):
         self.calls = 0
 
     @contextlib.contextmanager
-    def _state(self) -> Iterator[object]:
+    def _state(self) -> Iterator[_Server]:
         self.calls += 1
         if self.down:
             raise distlock.BackendUnavailable(f"{self.description} is down (a test's outage)")

@@ -16,12 +16,14 @@ import types
 from collections.abc import Callable
 
 import pytest
+from django.http import HttpResponseBase
 from django.test import AsyncClient, Client
 from djangotests.testapp import views
 from djangotests.testsettings import DISTLOCK
 from pytest_django.fixtures import Settings
 
-import distlock._breaker
+import distlock
+from distlock import _breaker, _clock
 from distlock.testing import EtcdServer
 
 #: The views: the decorator on a sync view (``timeout=0``; its gate open) and on an async view, and the middleware's
@@ -36,8 +38,7 @@ for _gate in ("down", "up"):
 def breaker_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
     """A function that moves the circuit breakers' clock (only theirs) ``seconds`` ahead."""
     ahead = [0.0]
-    real = distlock._breaker._clock.now
-    monkeypatch.setattr(distlock._breaker, "_clock", types.SimpleNamespace(now=lambda: real() + ahead[0]))
+    monkeypatch.setattr(_breaker, "_clock", types.SimpleNamespace(now=lambda: _clock.now() + ahead[0]))
 
     def move(seconds: float) -> None:
         ahead[0] += seconds
@@ -46,6 +47,7 @@ def breaker_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
 
 
 def _request(path: str) -> tuple[int, str | None]:
+    response: HttpResponseBase
     if path == ASYNC:
         response = asyncio.run(AsyncClient().get(path))
     elif path == MIDDLEWARE:
