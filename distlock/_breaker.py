@@ -61,11 +61,6 @@ class Breaker:
         self._cause: BaseException | None = None
         self._prober: int | None = None  # the thread probing (half-open), which its nested calls pass too
 
-    @property
-    def open(self) -> bool:
-        """True while calls fail fast (including a half-open breaker whose probe is under way)."""
-        return self._until is not None
-
     @contextlib.contextmanager
     def call(self, what: str, *, admit: bool = True) -> Iterator[None]:
         """Run the block, a call to the service: :meth:`admit` it first (unless ``admit`` is false), then report how it
@@ -104,7 +99,6 @@ class Breaker:
         """A call to the service ended: with ``error`` (None: it answered)."""
         if self.interval == 0 or isinstance(error, FailingFast):
             return
-        # Any other distlock error (a lease gone, a kind mismatch, bad credentials) is the service answering.
         me = threading.get_ident()
         with self._mutex:
             if isinstance(error, BackendUnavailable):
@@ -113,7 +107,7 @@ class Breaker:
                 self._until = _clock.now() + self.interval
                 self._cause = error
                 self._prober = None
-            elif error is None or isinstance(error, DistlockError):
+            elif error is None or isinstance(error, DistlockError):  # another distlock error: the service answered
                 self._until = None
                 self._cause = None
                 self._prober = None

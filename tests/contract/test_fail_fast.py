@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +26,8 @@ class Outage(MemoryBackend):
     """The in-memory backend, unreachable while ``down``; ``calls`` counts every call that reached it."""
 
     def __init__(self) -> None:
-        super().__init__(f"outage-{uuid.uuid4().hex[:8]}", request_timeout=0.5)
+        self.name = f"outage-{uuid.uuid4().hex[:8]}"
+        super().__init__(self.name, request_timeout=0.5)
         self.down = False
         self.calls = 0
 
@@ -56,6 +58,24 @@ def test_after_an_outage_new_work_fails_fast_without_a_request_then_one_probe_re
         with client.lock("a") as lock:
             assert lock.token > 0
         assert client.holder("a") is None
+
+
+def test_a_probe_that_waits_for_a_busy_lock_closes_the_breaker_once_it_is_queued() -> None:
+    backend = Outage()
+    with distlock.Client(backend, fail_fast=0.2) as client, distlock.Client(MemoryBackend(backend.name)) as other:
+        backend.down = True
+        with pytest.raises(distlock.BackendUnavailable, match="is down"):
+            client.holder("a")
+        backend.down = False
+        busy = other.lock("busy")
+        busy.acquire()
+        time.sleep(0.2)  # the interval: the next call probes
+        probe = threading.Thread(target=lambda: client.lock("busy").acquire(timeout=10))
+        probe.start()
+        wait_until(lambda: getattr(other.holder("busy"), "waiters", 0) == 1, 5, "the probe to queue")
+        assert client.holder("a") is None  # not failing fast while the probe waits for the lock
+        busy.release()
+        probe.join(10)
 
 
 def test_a_failed_probe_opens_the_breaker_again() -> None:
