@@ -5,15 +5,17 @@ docs/getting-started.md): ``connect(url, **options)`` is ``parse_url(url, **opti
 around the backend, and its ``check()`` unless ``check=False``. Keyword options override the URL: ``prefix``,
 ``username``, ``password``, ``ca_cert``, ``client_cert``, ``client_key``, ``connect_timeout`` (how long ``connect``
 may take to reach the service, default 5 s), ``request_timeout`` (how long one operation may retry before
-``BackendUnavailable``, default 5 s).
+``BackendUnavailable``, default 5 s). ``fail_fast`` (seconds, default 5; 0: never) is the client's own: after a call
+found the service unavailable, new work fails fast for that long, then one call probes again (``_breaker``).
 
 What can go wrong: a malformed URL, an unknown scheme or option, or a missing extra raise ``ConfigurationError``
 before any network traffic; an unreachable service raises ``BackendUnavailable`` within ``connect_timeout``; bad
-credentials raise ``AuthenticationFailed``. Every call on a closed client raises ``ClientClosed``, and so does a call
-that was under way in another thread when the client closed, whatever the backend raised in that race (a cancelled
-gRPC stream, a closed socket). A client used after ``fork()`` opens its own connection and leases in
-the child and leaves the parent's alone. ``close()`` (also at interpreter exit) revokes the client's leases, which
-releases every lock it still holds.
+credentials raise ``AuthenticationFailed``. After a ``BackendUnavailable``, acquiring and reading raise it at once
+for ``fail_fast`` seconds (held locks are still kept alive and releases still retried). Every call on a closed
+client raises ``ClientClosed``, and so does a call that was under way in another thread when the client closed,
+whatever the backend raised in that race (a cancelled gRPC stream, a closed socket). A client used after ``fork()``
+opens its own connection and leases in the child and leaves the parent's alone. ``close()`` (also at interpreter
+exit) revokes the client's leases, which releases every lock it still holds.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from types import TracebackType
 from typing import Any, Self, Unpack
 
 from ._asynclock import AsyncLock
+from ._breaker import DEFAULT_FAIL_FAST, fail_fast_seconds
 from ._context import Context
 from ._election import AsyncElection, Election
 from ._errors import ConfigurationError
@@ -49,10 +52,13 @@ _clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
 class Client:
-    """A connection to a lock service. Thread-safe; one per process is plenty. Make locks with :meth:`lock`."""
+    """A connection to a lock service. Thread-safe; one per process is plenty. Make locks with :meth:`lock`.
 
-    def __init__(self, backend: Backend) -> None:
-        self._context = Context(backend)
+    ``fail_fast``: seconds to fail fast after the service did not answer (see :func:`connect`).
+    """
+
+    def __init__(self, backend: Backend, *, fail_fast: float = DEFAULT_FAIL_FAST) -> None:
+        self._context = Context(backend, fail_fast)
         _clients.add(self)
 
     @property
@@ -195,11 +201,12 @@ class Client:
 def connect(url: str, **options: Any) -> Client:
     """Connect to the lock service at ``url`` (see the module docstring for URLs and options)."""
     check = bool(options.pop("check", True))
-    backend = parse_url(url, **options).open()
-    client = Client(backend)
+    fail_fast = fail_fast_seconds(options.pop("fail_fast", DEFAULT_FAIL_FAST))  # before anything is opened
+    config = parse_url(url, **options)
+    client = Client(config.open(), fail_fast=fail_fast)
     if check:
         try:
-            backend.check()
+            client._backend.check()
         except BaseException:
             client.close()
             raise

@@ -8,7 +8,9 @@ Fork and exit need nothing more here: a client is fork-safe itself (in a child i
 leases on first use, leaving the parent's alone) and every client is closed at interpreter exit (see
 :func:`distlock.connect`); a child also gets a fresh mutex, in case it was forked while another thread was
 connecting. What can go wrong: ``get()`` raises what :func:`distlock.connect` raises (``ConfigurationError`` for bad
-settings, ``BackendUnavailable`` for an unreachable service), on every call until it succeeds: failures are not cached.
+settings, ``BackendUnavailable`` for an unreachable service), on every call until it succeeds; after a
+``BackendUnavailable`` it fails fast for the options' ``fail_fast`` seconds (a circuit breaker per URL and options,
+``_breaker``), then the next call connects again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from ._breaker import DEFAULT_FAIL_FAST, Breaker
 from ._client import Client, connect
+from .backends import scheme_of
 
 __all__ = ["ClientCache"]
 
@@ -31,6 +35,7 @@ class ClientCache:
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._clients: dict[tuple[str, str], Client] = {}
+        self._breakers: dict[tuple[str, str], Breaker] = {}
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)
 
@@ -50,7 +55,14 @@ class ClientCache:
         with self._mutex:
             client = self._clients.get(key)
             if client is None or client.closed:
-                client = self._clients[key] = connect(url, **dict(options or {}))
+                options = dict(options or {})
+                breaker = self._breakers.get(key)
+                if breaker is None:
+                    scheme = scheme_of(str(url).partition("://")[0])
+                    fail_fast = options.get("fail_fast", DEFAULT_FAIL_FAST)
+                    breaker = self._breakers[key] = Breaker(fail_fast, scheme.backend if scheme else "unknown")
+                with breaker.call("connect"):
+                    client = self._clients[key] = connect(url, **options)
             return client
 
     def clear(self) -> None:
@@ -58,5 +70,6 @@ class ClientCache:
         with self._mutex:
             clients = list(self._clients.values())
             self._clients.clear()
+            self._breakers.clear()
         for client in clients:
             client.close()

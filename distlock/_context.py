@@ -5,9 +5,13 @@ Every handle (lock, semaphore, read/write lock, multi-lock, election) is given a
 caller are written here once: a force release is a compare-and-delete of the head at the token the caller saw
 (``Client.force_release`` and ``Lock.take_over``), and an optional capability is refused where a user asks for it.
 
+Every call to the service goes through :meth:`Context.open_for`, which reports how it ended to the client's circuit
+breaker (``_breaker``) and, for new work, asks it first: after a ``BackendUnavailable``, new work fails fast.
+
 What can go wrong: every call on a closed client raises ``ClientClosed``, and so does a call under way in another
-thread when the client closed, whatever the backend raised in that race (:meth:`Context.open_for`); asking for a
-capability the backend lacks raises ``ConfigurationError`` with the backend's reason.
+thread when the client closed, whatever the backend raised in that race (:meth:`Context.open_for`); new work while
+the breaker is open raises ``BackendUnavailable`` at once; asking for a capability the backend lacks raises
+``ConfigurationError`` with the backend's reason.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from . import _metrics
+from ._breaker import DEFAULT_FAIL_FAST, Breaker
 from ._errors import ClientClosed, ConfigurationError
 from ._protocol import RECORDS, Backend, Head, Recording
 from ._session import Keeper
@@ -23,9 +29,10 @@ __all__ = ["Context"]
 
 
 class Context:
-    """A client's backend and keeper, and its open/closed state, as its handles see them."""
+    """A client's backend, keeper and circuit breaker, and its open/closed state, as its handles see them."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, fail_fast: object = DEFAULT_FAIL_FAST) -> None:
+        self.breaker = Breaker(fail_fast, _metrics.backend_label(type(backend).__module__))
         self.backend = backend
         self.keeper = Keeper(backend)
         self.closed = False
@@ -39,14 +46,17 @@ class Context:
             raise ClientClosed(f"this distlock client ({self.description}) is closed")
 
     @contextlib.contextmanager
-    def open_for(self, what: str) -> Iterator[None]:
-        """Run the block; an error it raises once the client is closed is a symptom of the close: ``ClientClosed``.
+    def open_for(self, what: str, *, new_work: bool = True) -> Iterator[None]:
+        """Run the block, a call to the service; an error it raises once the client is closed is a symptom of the
+        close: ``ClientClosed``.
 
         ``Client.close()`` sets ``closed`` before it revokes anything or closes a connection, so an error caused by
-        the close always finds it set.
+        the close always finds it set. New work (not a release: ``new_work=False``) is refused at once while the
+        breaker is open; every call tells the breaker how it ended.
         """
         try:
-            yield
+            with self.breaker.call(what, admit=new_work):
+                yield
         except ClientClosed:
             raise
         except Exception as e:

@@ -206,6 +206,7 @@ class Lock:
                     record = owner_record(self.owner or default_owner(session.lease.id, nonce))
                     ticket, position = backend.enqueue(self.name, session.lease, nonce, record)
                     answered = ticket
+                    self._context.breaker.ended(None)  # the service answers: a probe that waits must not keep it open
                 except LeaseGone:
                     keeper.declare_lost(session, f"lease {session.lease.id:x} was not found on the server")
                     continue
@@ -547,7 +548,7 @@ class Lock:
             raise ClientClosed(f"lock {self.name!r}: the distlock client was closed (which released the lock)")
         removed = True
         try:
-            with self._context.open_for(f"release lock {self.name!r}"):
+            with self._context.open_for(f"release lock {self.name!r}", new_work=False):
                 removed = self._context.backend.dequeue(ticket)
             self._context.keeper.left(session, ticket)
         except BackendError as e:

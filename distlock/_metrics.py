@@ -1,11 +1,12 @@
 """Metrics through the OpenTelemetry API: how long locks are waited for and held, how many are lost, refused, failing.
 
 The instruments (``distlock.lock.wait_time``, ``.hold_time``, ``.waiters``, ``.lost``, ``distlock.fence.refused``,
-``distlock.backend.errors``) follow OpenTelemetry's connection-pool conventions (a lock is a pool of one); what each
-records and its attributes are in docs/operations/metrics.md. Attributes are bounded: ``distlock.backend`` (the
-backend's package in ``distlock.backends``, or ``memory``) and ``distlock.lock.family`` (the ``family`` lock option),
-never the lock name. The meter is fetched at the first measurement, not at import, so a ``MeterProvider`` set after
-``import distlock`` still receives everything; without ``opentelemetry-api`` every measurement does nothing.
+``distlock.backend.errors``, ``.fast_failures``) follow OpenTelemetry's connection-pool conventions (a lock is a pool
+of one); what each records and its attributes are in docs/operations/metrics.md. Attributes are bounded:
+``distlock.backend`` (the backend's package in ``distlock.backends``, or ``memory``) and ``distlock.lock.family``
+(the ``family`` lock option), never the lock name. The meter is fetched at the first measurement, not at import,
+so a ``MeterProvider`` set after ``import distlock`` still receives everything; without ``opentelemetry-api`` every
+measurement does nothing.
 
 What can go wrong: a metrics pipeline must never break a lock. An SDK may run the application's code on the recording
 thread, so every measurement catches ``Exception``: the first is logged as a warning on the ``distlock`` logger,
@@ -32,6 +33,7 @@ __all__ = [
     "acquire_started",
     "backend_error",
     "backend_label",
+    "fast_failure",
     "fence_refused",
     "lock_attributes",
     "lock_lost",
@@ -81,9 +83,10 @@ class _Instruments:
     lost: _Counter
     refused: _Counter
     backend_errors: _Counter
+    fast_failures: _Counter
 
 
-_OFF = _Instruments(_Off(), _Off(), _Off(), _Off(), _Off(), _Off())
+_OFF = _Instruments(_Off(), _Off(), _Off(), _Off(), _Off(), _Off(), _Off())
 _instruments: _Instruments | None = None
 _creating = threading.Lock()
 _failures = 0
@@ -140,6 +143,11 @@ def _create() -> _Instruments:
                 "distlock.backend.errors",
                 unit="{error}",
                 description="Failed attempts of requests to the lock service (retried or not), by error type",
+            ),
+            fast_failures=meter.create_counter(
+                "distlock.backend.fast_failures",
+                unit="{call}",
+                description="Calls refused at once because the lock service had just not answered (circuit breaker)",
             ),
         )
     except Exception as e:
@@ -220,5 +228,13 @@ def backend_error(backend_module: str, error_type: str) -> None:
     """One failed attempt of a request to a backend defined in ``backend_module``."""
     try:
         _get().backend_errors.add(1, {BACKEND: backend_label(backend_module), ERROR_TYPE: error_type})
+    except Exception as e:
+        _failed(e)
+
+
+def fast_failure(backend: str) -> None:
+    """One call refused by a circuit breaker (``_breaker``) of a client of ``backend`` (its label)."""
+    try:
+        _get().fast_failures.add(1, {BACKEND: backend})
     except Exception as e:
         _failed(e)

@@ -101,6 +101,8 @@ def _url(value: object, what: str) -> str:
 def _options(value: object, what: str) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
         raise ConfigurationError(f"{what} must be a dict of connect() options, not {type(value).__name__}: {value!r}")
+    if "fail_fast" in value:  # the client's own option (its circuit breaker), not the backend's
+        seconds(value["fail_fast"], f'{what}["fail_fast"]', allow_zero=True)
     return dict(value)
 
 
@@ -138,6 +140,15 @@ def _retry_after(value: object, what: str) -> int:
     if not number.is_integer():
         raise ConfigurationError(f"{what} must be whole seconds (Retry-After has no fraction), not {value!r}")
     return int(number)
+
+
+def _unavailable_status(value: object, what: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and 500 <= value <= 599):
+        return value
+    raise ConfigurationError(
+        f"{what} must be an HTTP server error status from 500 to 599 (an int) or None (raise BackendUnavailable), "
+        f"not {value!r}"
+    )
 
 
 def _conflict_status(value: object, what: str) -> int:
@@ -187,6 +198,14 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("RETRY_AFTER", 1, "distlock.E012", "a whole number of seconds >= 0", _retry_after),
         Setting("CONFLICT_STATUS", 409, "distlock.E013", "an int HTTP status from 400 to 599", _conflict_status),
+        Setting(
+            "UNAVAILABLE_STATUS",
+            503,
+            "distlock.E015",
+            "an int HTTP status from 500 to 599, or None (raise BackendUnavailable)",
+            _unavailable_status,
+        ),
+        Setting("UNAVAILABLE_RETRY_AFTER", 5, "distlock.E016", "a whole number of seconds >= 0", _retry_after),
     )
 }
 
@@ -205,7 +224,8 @@ def _unknown_key(key: object) -> Problem:
 
 def _parse_error(url: str, options: dict[str, Any]) -> str | None:
     try:
-        parse_url(url, **{key: value for key, value in options.items() if key != "check"})  # check: connect()'s own
+        # check and fail_fast are connect()'s own, not the backend's
+        parse_url(url, **{key: value for key, value in options.items() if key not in ("check", "fail_fast")})
     except ConfigurationError as e:
         return str(e)
     return None

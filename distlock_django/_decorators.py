@@ -10,8 +10,9 @@ What can go wrong: a template naming a parameter the function cannot have fails 
 call time fails then (both ``InvalidKeyTemplate``); a bad ``limit`` is ``ConfigurationError`` when decorating, a name
 used with another limit at the same time ``LockKindMismatch``. In a view (a call with an ``HttpRequest``) a busy lock
 answers ``CONTENTION_STATUS`` (423) with ``Retry-After`` (or raises ``LockNotAcquired`` when it is None), and a
-``LockLost`` or ``StaleFenceToken`` answers ``CONFLICT_STATUS`` (409), naming no holder or token; elsewhere the
-errors propagate.
+``LockLost`` or ``StaleFenceToken`` answers ``CONFLICT_STATUS`` (409), naming no holder or token, and a lock
+service that cannot be reached (``BackendUnavailable`` while taking the lock, at once while the client fails fast)
+answers ``UNAVAILABLE_STATUS`` (503) with ``Retry-After`` (or raises when it is None); elsewhere the errors propagate.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
 import distlock
-from distlock import InvalidKeyTemplate, KeyTemplate, LockLost, LockNotAcquired, StaleFenceToken
+from distlock import BackendUnavailable, InvalidKeyTemplate, KeyTemplate, LockLost, LockNotAcquired, StaleFenceToken
 
 from ._client import get_client
 from ._conf import conf, lock_name
 from ._tx import release_after_commit
 
-__all__ = ["busy_response", "conflict_answer", "conflict_response", "distributed_lock"]
+__all__ = ["busy_response", "conflict_answer", "conflict_response", "distributed_lock", "unavailable_answer"]
 
 log = logging.getLogger("distlock.django")
 
@@ -76,6 +77,22 @@ def conflict_answer(error: BaseException, request: HttpRequest | None) -> HttpRe
         return None
     log.warning("distlock: %s answered %s: %s", request.path, conf()["CONFLICT_STATUS"], error)
     return conflict_response()
+
+
+def unavailable_answer(error: BackendUnavailable, request: HttpRequest | None) -> HttpResponse | None:
+    """The answer when the lock service could not be reached to take a view's lock (the decorator's and the
+    middleware's): ``UNAVAILABLE_STATUS`` with ``Retry-After``; None (raise) when it is None or there is no request."""
+    settings = conf()
+    if request is None or settings["UNAVAILABLE_STATUS"] is None:
+        return None
+    log.warning("distlock: %s answered %s: %s", request.path, settings["UNAVAILABLE_STATUS"], error)
+    response = HttpResponse(
+        "The lock service is unavailable. Retry later.\n",
+        status=int(settings["UNAVAILABLE_STATUS"]),
+        content_type="text/plain; charset=utf-8",
+    )
+    response["Retry-After"] = str(settings["UNAVAILABLE_RETRY_AFTER"])
+    return response
 
 
 class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(...), with distributed_lock(...)
@@ -153,8 +170,12 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
         @functools.wraps(func)
         def locked(*args: P.args, **kwargs: P.kwargs) -> R:
             name, request = self._name_for(signature, args, kwargs)
-            lock = self._lock(name)
-            if not lock.acquire(blocking=self.blocking):
+            try:
+                lock = self._lock(name)
+                acquired = lock.acquire(blocking=self.blocking)
+            except BackendUnavailable as e:
+                return cast(R, _unavailable(e, request))
+            if not acquired:
                 return cast(R, self._busy(lock, request))
             try:
                 result = func(*args, **kwargs)
@@ -178,8 +199,12 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
         @functools.wraps(func)
         async def locked(*args: Any, **kwargs: Any) -> Any:
             name, request = self._name_for(signature, args, kwargs)
-            lock = distlock.AsyncLock(self._lock(name))
-            if not await lock.acquire(blocking=self.blocking):
+            try:
+                lock = distlock.AsyncLock(self._lock(name))
+                acquired = await lock.acquire(blocking=self.blocking)
+            except BackendUnavailable as e:
+                return _unavailable(e, request)
+            if not acquired:
                 return self._busy(lock.sync, request)
             try:
                 result = func(*args, **kwargs)
@@ -249,6 +274,13 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
             await distlock.AsyncLock(lock).release()
         else:
             await _arelease_quietly(distlock.AsyncLock(lock))
+
+
+def _unavailable(error: BackendUnavailable, request: HttpRequest | None) -> HttpResponse:
+    answer = unavailable_answer(error, request)
+    if answer is None:
+        raise error
+    return answer
 
 
 def release_after_commit_quietly(lock: distlock.Lock) -> None:

@@ -9,7 +9,8 @@ The first rule (``_rules``) that matches a request's URL name or path and method
 view runs (and before ``ATOMIC_REQUESTS`` opens its transaction) and released when the response is complete: after
 the request's transaction committed, and for a streaming response only after its last chunk (or the client left).
 Busy, lost and stale answer as the decorator's (one mapping, ``conflict_answer``), given in ``process_exception``
-because Django turns a view's exception into a 500 before it reaches ``__call__``. The rule keys:
+because Django turns a view's exception into a 500 before it reaches ``__call__``; so does a lock service that
+cannot be reached (``unavailable_answer``: ``UNAVAILABLE_STATUS``, 503). The rule keys:
 docs/reference/django-settings.md.
 
 What can go wrong: a malformed rule raises ``ConfigurationError`` on the first request (``manage.py check`` reports
@@ -24,11 +25,11 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from django.urls import Resolver404, resolve
 
-from distlock import LockNotAcquired
+from distlock import BackendUnavailable, LockNotAcquired
 
 from ._client import get_client
 from ._conf import conf, lock_name
-from ._decorators import busy_response, conflict_answer, release_after_commit_quietly
+from ._decorators import busy_response, conflict_answer, release_after_commit_quietly, unavailable_answer
 from ._rules import Rule, compile_rules
 
 __all__ = ["DistributedLockMiddleware"]
@@ -119,13 +120,20 @@ class DistributedLockMiddleware:
             return self.get_response(request)
         rule, values = found
         settings = conf()
-        lock = get_client().lock(
-            lock_name(rule.template.render(values)),
-            ttl=settings["TTL"] if rule.ttl is None else rule.ttl,
-            timeout=settings["TIMEOUT"] if rule.timeout is None else rule.timeout,
-            family=rule.template.template,
-        )
-        if not lock.acquire():
+        try:
+            lock = get_client().lock(
+                lock_name(rule.template.render(values)),
+                ttl=settings["TTL"] if rule.ttl is None else rule.ttl,
+                timeout=settings["TIMEOUT"] if rule.timeout is None else rule.timeout,
+                family=rule.template.template,
+            )
+            acquired = lock.acquire()
+        except BackendUnavailable as e:
+            answer = unavailable_answer(e, request)
+            if answer is None:
+                raise
+            return answer
+        if not acquired:
             if settings["CONTENTION_STATUS"] is None:
                 raise LockNotAcquired(f"lock {lock.name!r} is busy", name=lock.name)
             return busy_response()

@@ -8,7 +8,8 @@ reported at once, one message per bad key, each with the key's own id:
   the grammar ``connect()`` parses with; TLS files and SQL drivers are first opened when it connects);
 - ``distlock.E003`` ``RULES``; ``distlock.E005`` the URL's backend client library is not installed;
 - ``distlock.E006`` ``OPTIONS``, ``E007`` ``TTL``, ``E008`` ``TIMEOUT``, ``E009`` ``KEY_PREFIX``, ``E010``
-  ``FENCING``, ``E011`` ``CONTENTION_STATUS``, ``E012`` ``RETRY_AFTER``, ``E013`` ``CONFLICT_STATUS``;
+  ``FENCING``, ``E011`` ``CONTENTION_STATUS``, ``E012`` ``RETRY_AFTER``, ``E013`` ``CONFLICT_STATUS``, ``E015``
+  ``UNAVAILABLE_STATUS``, ``E016`` ``UNAVAILABLE_RETRY_AFTER``;
 - ``distlock.W001`` an unknown key (a warning, with the closest known key);
 - ``distlock.E004`` a fenced model whose ``fence_lock`` is missing, malformed, or names a field it lacks;
 - ``distlock.E014`` (``FENCING = "strict"``) / ``distlock.W002`` (otherwise) a fenced model with a manager whose

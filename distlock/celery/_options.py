@@ -15,10 +15,13 @@ from typing import Any, Literal
 
 from distlock import ConfigurationError, seconds
 
-__all__ = ["CALL_KEYS", "LOCK_ON", "ON_DUPLICATE", "Options"]
+__all__ = ["CALL_KEYS", "LOCK_ON", "ON_DUPLICATE", "ON_UNAVAILABLE", "Options"]
 
 LockOn = Literal["run", "enqueue"]
 OnDuplicate = Literal["skip", "retry", "raise", "result"]
+OnUnavailable = Literal["fail", "retry"]
+
+ON_UNAVAILABLE: tuple[OnUnavailable, ...] = ("fail", "retry")
 
 LOCK_ON: tuple[LockOn, ...] = ("run", "enqueue")
 ON_DUPLICATE: dict[LockOn, tuple[OnDuplicate, ...]] = {
@@ -37,6 +40,8 @@ _ATTRIBUTES = {
     "lock_max_queued": "max_queued",
     "duplicate_retry_delay": "retry_delay",
     "lock_limit": "limit",
+    "on_unavailable": "on_unavailable",
+    "unavailable_retry_delay": "unavailable_retry_delay",
 }
 #: What ``singleton={...}`` may hold in one call: the task attributes, and ``key`` (a lock name for this call).
 CALL_KEYS = frozenset({*_ATTRIBUTES, "key"})
@@ -50,7 +55,9 @@ class Options:
     busy lock before the call counts as a duplicate, ``max_hold`` the most a run may hold the lock, ``max_queued``
     how long an enqueue-time reservation waits for a worker to take the task over (default: ``ttl``), and
     ``retry_delay`` the countdown of ``on_duplicate="retry"``, and ``limit`` (None: one) how many runs may hold the
-    lock name at once (a semaphore; ``lock_on="run"`` only).
+    lock name at once (a semaphore; ``lock_on="run"`` only). ``on_unavailable`` is what a run does when the lock
+    service cannot be reached: ``"fail"`` (raise ``BackendUnavailable``) or ``"retry"`` (after
+    ``unavailable_retry_delay``).
     """
 
     lock_on: LockOn = "run"
@@ -61,6 +68,8 @@ class Options:
     max_queued: float | None = None
     retry_delay: float = 5.0
     limit: int | None = None
+    on_unavailable: OnUnavailable = "fail"
+    unavailable_retry_delay: float = 5.0
 
     @property
     def queued_for(self) -> float:
@@ -96,15 +105,25 @@ class Options:
                 f"{where}: on_duplicate={on_duplicate!r} does not work with lock_on={lock_on!r}; "
                 f"choose one of {choices}"
             )
+        if fields.get("on_unavailable", self.on_unavailable) not in ON_UNAVAILABLE:
+            raise ConfigurationError(
+                f"{where}: on_unavailable must be 'fail' or 'retry', not {fields['on_unavailable']!r}"
+            )
         options = dataclasses.replace(self, **fields)
         seconds(options.ttl, f"{where}: lock_ttl (the lease length)")
         seconds(options.timeout, f"{where}: lock_timeout (how long a worker waits for a busy lock)", allow_zero=True)
         seconds(options.retry_delay, f"{where}: duplicate_retry_delay", allow_zero=True)
+        seconds(options.unavailable_retry_delay, f"{where}: unavailable_retry_delay", allow_zero=True)
         seconds(options.max_hold, f"{where}: lock_max_hold", allow_none=True)
         seconds(options.max_queued, f"{where}: lock_max_queued", allow_none=True)
         limit = options.limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000):
             raise ConfigurationError(f"{where}: lock_limit must be an int from 1 to 10000 (or None), not {limit!r}")
+        if options.on_unavailable == "retry" and options.lock_on == "enqueue":
+            raise ConfigurationError(
+                f"{where}: on_unavailable='retry' works with lock_on='run' only (the retry of an enqueue-time "
+                "reservation would need the lock service to send it)"
+            )
         if limit is not None and options.lock_on == "enqueue":
             raise ConfigurationError(
                 f"{where}: lock_limit works with lock_on='run' only (an enqueue-time reservation is one holder)"

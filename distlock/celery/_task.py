@@ -8,6 +8,8 @@ body runs (``self.lock``), and the end of the run releases it, checked against i
 for the retry message instead. The life cycle and the options: docs/integrations/celery.md.
 
 What can go wrong: a call whose lock another task holds is a duplicate (skipped, retried, or ``DuplicateTask``); a
+run that cannot reach the lock service fails with ``BackendUnavailable`` or, with ``on_unavailable="retry"``, is
+retried (``self.retry``, counted against ``max_retries``); a
 redelivered copy of a task that still holds the lock waits up to ``ttl`` plus a grace period for a dead holder's
 lease to lapse and is dropped (``Ignore``) if the holder lives: never run beside it. A lock lost mid-run cannot stop
 the body: only fenced writes stay safe, and the release logs an error. ``send_task()`` bypasses this class in the
@@ -29,7 +31,14 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 
 import distlock
-from distlock import ConfigurationError, DistlockError, LockLost, LockNotAcquired, LockNotOwned
+from distlock import (
+    BackendUnavailable,
+    ConfigurationError,
+    DistlockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+)
 
 from ._config import get_client
 from ._handover import RESERVATIONS, TAKEOVER_GRACE, take_over
@@ -129,6 +138,10 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     - ``duplicate_retry_delay`` (default 5 s): the countdown of ``on_duplicate="retry"``.
     - ``lock_limit`` (default none: one): at most this many runs per lock name at once (the name is a semaphore, each
       run with its own token); ``lock_on="run"`` only. A retry of such a run does not keep its slot: it queues again.
+    - ``on_unavailable``: what a run does when the lock service cannot be reached (``BackendUnavailable``, also at
+      once while the client fails fast): ``"fail"`` (default; the task fails with it) or ``"retry"``
+      (``self.retry()`` after ``unavailable_retry_delay`` s, default 5, counted against ``max_retries``; a direct
+      call raises). The body does not run either way. ``apply_async`` with ``lock_on="enqueue"`` always raises it.
     """
 
     unique_on: ClassVar[object] = None
@@ -140,6 +153,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     lock_max_queued: ClassVar[float | None] = None
     duplicate_retry_delay: ClassVar[float | None] = None
     lock_limit: ClassVar[int | None] = None
+    on_unavailable: ClassVar[str | None] = None
+    unavailable_retry_delay: ClassVar[float | None] = None
 
     _singleton_options: ClassVar[Options] = Options()
     _singleton_keys: ClassVar[KeySpec | None] = None
@@ -269,19 +284,25 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         overrides = {k: v for k, v in dict(header.get("options") or {}).items() if k != "key"}
         effective = self._singleton_options.merged(overrides, where)
         name = header.get("key") or self.singleton_key(args, kwargs)
-        client = get_client(self.app)
         options: distlock.LockOptions = {
             "ttl": effective.ttl,
             "max_hold": effective.max_hold,
             "owner": _owner(task_id),
             "family": self.name,
         }
-        lock = (
-            client.lock(name, **options)
-            if effective.limit is None
-            else client.semaphore(name, effective.limit, **options)
-        )
-        busy = _acquire(client, lock, header.get("reservation"), effective, same_task_possible=task_id is not None)
+        try:
+            client = get_client(self.app)
+            lock = (
+                client.lock(name, **options)
+                if effective.limit is None
+                else client.semaphore(name, effective.limit, **options)
+            )
+            busy = _acquire(client, lock, header.get("reservation"), effective, same_task_possible=task_id is not None)
+        except BackendUnavailable as e:
+            if effective.on_unavailable == "fail" or task_id is None:
+                raise
+            log.warning("distlock.celery: %s retries in %g s: %s", where, effective.unavailable_retry_delay, e)
+            raise self.retry(exc=e, countdown=effective.unavailable_retry_delay) from e
         if busy is not None:
             return self._duplicate(busy, name, effective, where, direct=task_id is None)
         run = _Run(self, task_id, lock)

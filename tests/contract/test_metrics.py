@@ -31,6 +31,7 @@ from sqlalchemy import create_engine, select, update
 from sqlalchemy.orm import Session
 
 import distlock
+import distlock.testing
 from distlock._protocol import Lease
 from distlock_sqla import StaleFenceToken, claim_one
 
@@ -40,6 +41,7 @@ WAITERS = "distlock.lock.waiters"
 LOST = "distlock.lock.lost"
 REFUSED = "distlock.fence.refused"
 ERRORS = "distlock.backend.errors"
+FAST_FAILURES = "distlock.backend.fast_failures"
 FAMILY = "distlock.lock.family"
 OUTCOME = "distlock.lock.outcome"
 
@@ -227,6 +229,26 @@ def test_requests_the_lock_service_fails_are_counted_by_error_type(
         with pytest.raises(distlock.BackendUnavailable):
             client.holder(lock_name)
         assert count(reader, ERRORS, **unavailable) > before
+
+
+def test_calls_refused_by_the_circuit_breaker_are_counted(
+    reader: InMemoryMetricReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = distlock.testing.MemoryBackend("fast-failures")
+
+    def unreachable(name: str) -> None:
+        raise distlock.BackendUnavailable("the in-memory server is down (a test's outage)")
+
+    monkeypatch.setattr(backend, "head", unreachable)
+    with distlock.Client(backend, fail_fast=60) as client:
+        before = count(reader, FAST_FAILURES, distlock__backend="memory")
+        with pytest.raises(distlock.BackendUnavailable, match="is down"):
+            client.holder("a")  # asked the service: not a fast failure
+        assert count(reader, FAST_FAILURES, distlock__backend="memory") == before
+        for _ in range(2):
+            with pytest.raises(distlock.BackendUnavailable, match="failing fast"):
+                client.holder("a")
+        assert count(reader, FAST_FAILURES, distlock__backend="memory") == before + 2
 
 
 def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,8 @@ def test_killing_the_leader_keeps_exclusion_and_order(
     barrier = threading.Barrier(5)
 
     def worker() -> None:
-        with distlock.connect(etcd_cluster.url, request_timeout=15) as client:
+        # fail_fast=0: a worker tries again at once after an error; a client failing fast would make it spin.
+        with distlock.connect(etcd_cluster.url, request_timeout=15, fail_fast=0) as client:
             lock = client.lock(lock_name, ttl=10, timeout=30)
             barrier.wait()
             while not stop.is_set():

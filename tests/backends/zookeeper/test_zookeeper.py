@@ -63,7 +63,8 @@ def test_a_leader_kill_never_makes_two_holders_and_waiters_proceed(
     killed = threading.Event()
 
     def contend() -> None:
-        with distlock.connect(zookeeper_ensemble.url, request_timeout=20) as client:
+        # fail_fast=0: it tries again at once after an error; a client failing fast would make it spin.
+        with distlock.connect(zookeeper_ensemble.url, request_timeout=20, fail_fast=0) as client:
             while not stop.is_set():
                 lock = client.lock(lock_name, ttl=4, timeout=30)
                 try:

@@ -5,6 +5,7 @@ otherwise)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import socket
 import subprocess
@@ -52,6 +53,13 @@ def app() -> Iterator[Celery]:
         ({"lock_max_hold": float("inf")}, distlock.ConfigurationError, "lock_max_hold must be a finite number"),
         ({"lock_limit": 0}, distlock.ConfigurationError, "lock_limit must be an int from 1 to 10000"),
         ({"lock_on": "enqueue", "lock_limit": 2}, distlock.ConfigurationError, "lock_limit works with lock_on='run'"),
+        ({"on_unavailable": "skip"}, distlock.ConfigurationError, "on_unavailable must be 'fail' or 'retry'"),
+        (
+            {"lock_on": "enqueue", "on_unavailable": "retry"},
+            distlock.ConfigurationError,
+            "on_unavailable='retry' works with lock_on='run' only",
+        ),
+        ({"unavailable_retry_delay": -1}, distlock.ConfigurationError, "unavailable_retry_delay must be >= 0"),
     ],
 )
 def test_a_bad_task_option_fails_when_the_task_is_defined(
@@ -161,6 +169,37 @@ def test_an_unreachable_etcd_at_enqueue_time_is_a_clear_error_and_nothing_is_sen
     finally:
         broker_redis.delete(nowhere)
         app.close()
+
+
+@pytest.mark.parametrize("on_unavailable", ["fail", "retry"])
+def test_a_run_that_cannot_reach_the_lock_service_fails_or_retries_as_chosen(app: Celery, on_unavailable: str) -> None:
+    app.conf.distlock_url = f"etcd://127.0.0.1:{_closed_port()}"
+    app.conf.distlock_options = {"connect_timeout": 0.3, "fail_fast": 60}
+    bodies: list[str] = []
+
+    def body(job: str) -> None:
+        bodies.append(job)
+
+    options: Any = {"base": SingletonTask, "shared": False, "lazy": False, "max_retries": 2}
+    decorate: Any = app.task(name="t.down", on_unavailable=on_unavailable, unavailable_retry_delay=0, **options)
+    task: Any = decorate(body)
+    retries: list[int] = []
+    task.retry = functools.partial(_counting_retry, task.retry, retries)
+    result = task.apply(("job",))  # eagerly, in this process, with a task id as in a worker (a retry runs again)
+    assert isinstance(result.result, distlock.BackendUnavailable)
+    assert bodies == []
+    # The first run finds the service gone (within connect_timeout), the two retries are refused at once (failing
+    # fast), and each asks for a retry: the last one, past max_retries, fails with the error.
+    assert retries == ([] if on_unavailable == "fail" else [0, 1, 2])
+    if on_unavailable == "retry":
+        assert "failing fast" in str(result.result)
+    with pytest.raises(distlock.BackendUnavailable):
+        task("job")  # a direct call raises whatever the option says: it has no message to retry
+
+
+def _counting_retry(retry: Callable[..., Any], retries: list[int], *args: Any, **kwargs: Any) -> Any:
+    retries.append(len(retries))
+    return retry(*args, **kwargs)
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

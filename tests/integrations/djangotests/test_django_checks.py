@@ -68,6 +68,10 @@ BAD_VALUES = [
     ("CONFLICT_STATUS", "distlock.E013", 200, "from 400 to 599"),
     ("CONFLICT_STATUS", "distlock.E013", True, "from 400 to 599"),
     ("CONFLICT_STATUS", "distlock.E013", "409", "from 400 to 599"),
+    ("OPTIONS", "distlock.E006", {"fail_fast": -1}, ">= 0 seconds"),
+    ("UNAVAILABLE_STATUS", "distlock.E015", 423, "from 500 to 599"),
+    ("UNAVAILABLE_STATUS", "distlock.E015", "503", "from 500 to 599"),
+    ("UNAVAILABLE_RETRY_AFTER", "distlock.E016", 2.5, "whole seconds"),
 ]
 
 
