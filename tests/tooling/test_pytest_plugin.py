@@ -120,23 +120,51 @@ def test_an_existing_server_is_left_without_keys(
 
 
 GIVEN_URL_TESTS = """
-def test_a_lock(distlock_client, distlock_url, distlock_{backend}_noproc):
+import re
+
+import distlock
+
+
+def test_a_lock(distlock_client, distlock_url, distlock_prefix, distlock_{backend}_noproc):
     assert distlock_{backend}_noproc == distlock_url
     with distlock_client.lock("order:42", ttl=10) as lock:
         assert distlock_client.holder("order:42").token == lock.token
+        with distlock.connect(distlock_url, prefix=distlock_prefix) as other:
+            assert not other.lock("order:42").acquire(timeout=0)
+    if distlock_url.startswith("sql+"):
+        assert re.fullmatch(r"distlock_test_[0-9a-f]{{16}}", distlock_prefix)  # a table prefix
 """
 
+def given_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL of a lock service of ``kind``, on the session's servers (SQLite: a file; memory: no server)."""
+    if kind == "zookeeper":
+        return str(request.getfixturevalue("zookeeper_url"))
+    if kind == "postgresql":
+        return f"sql+{request.getfixturevalue('postgres_dsn')}"
+    return f"sql+sqlite:///{tmp_path / 'locks.db'}" if kind == "sqlite" else "memory://"
 
-@pytest.mark.parametrize("backend", ["zookeeper", "sqltable"])
+
+# etcd and Redis: test_an_existing_server_is_left_without_keys.
+@pytest.mark.parametrize(
+    ("kind", "backend"),
+    [("zookeeper", "zookeeper"), ("postgresql", "sqltable"), ("sqlite", "sqltable"), ("memory", "memory")],
+)
 def test_a_given_url_of_each_backend_gives_a_working_client(
-    project: pytest.Pytester, backend: str, request: pytest.FixtureRequest, tmp_path: Path
+    project: pytest.Pytester, kind: str, backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if backend == "zookeeper":
-        url = str(request.getfixturevalue("zookeeper_url"))
-    else:
-        url = f"sql+sqlite:///{tmp_path / 'locks.db'}"
     project.makepyfile(test_given=GIVEN_URL_TESTS.format(backend=backend))
+    url = given_url(kind, request, tmp_path)
     project.runpytest_subprocess(f"--distlock-url={url}").assert_outcomes(passed=1)
+
+
+def test_a_missing_server_binary_fails_the_set_up_saying_what_to_install(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISTLOCK_REDIS_BIN", str(project.path / "no-redis-server"))
+    project.makepyfile("def test_needs_redis(distlock_redis_proc):\n    pass\n")
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*distlock: cannot start a throwaway redis server: $DISTLOCK_REDIS_BIN is *"])
 
 
 EVERY_BACKEND_TESTS = """
