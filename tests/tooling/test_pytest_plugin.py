@@ -135,6 +135,7 @@ def test_a_lock(distlock_client, distlock_url, distlock_prefix, distlock_{backen
         assert re.fullmatch(r"distlock_test_[0-9a-f]{{16}}", distlock_prefix)  # a table prefix
 """
 
+
 def given_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A URL of a lock service of ``kind``, on the session's servers (SQLite: a file; memory: no server)."""
     if kind == "zookeeper":
@@ -334,3 +335,92 @@ def test_distlock_django_without_pytest_django_says_what_to_install(project: pyt
     result = project.runpytest_subprocess(*DJANGO_PLUGIN, "-p", "no:django")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*distlock_django needs pytest-django: pip install pytest-django*"])
+
+
+# A project on the lock table of its own database, or on a production service, that installed no [etcd] extra.
+OWN_BACKEND_CONFTEST = """
+import sys
+
+sys.modules["etcd3"] = sys.modules["grpc"] = None  # not installed: importing them fails, find_spec finds nothing
+"""
+
+OWN_BACKEND_TESTS = """
+import pytest
+from django.conf import settings as django_settings
+
+from distlock_django import conf, get_client, lock_name
+
+PROJECT_S = dict(django_settings.DISTLOCK)
+
+
+def test_the_lock_service_is_a_test_one_of_the_project_s_backend(distlock_url):
+    assert distlock_url.startswith("sql+sqlite:///") and "production" not in distlock_url
+
+
+def test_a_held_lock_answers_423_at_once(client, distlock_django, distlock_client):
+    assert conf()["TIMEOUT"] == 0  # the project's is 10
+    with distlock_client.lock(lock_name("item:1"), ttl=10):
+        assert client.get("/items/1/").status_code == 423
+    assert client.get("/items/1/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_two_requests_in_a_test_case_transaction(client, distlock_django):
+    assert client.get("/items/1/").status_code == 200
+    assert client.get("/items/1/").status_code == 200
+
+
+def test_assignments_keep_the_fixture_s_url_prefix_and_client(
+    client, settings, distlock_django, distlock_url, distlock_prefix
+):
+    settings.DISTLOCK = {"TTL": 5}
+    assert get_client() is distlock_django
+    assert (conf()["URL"], conf()["OPTIONS"], conf()["TTL"]) == (distlock_url, {"prefix": distlock_prefix}, 5)
+    with distlock_django.lock("after-an-assignment", ttl=5) as lock:
+        assert lock.token > 0
+    settings.DISTLOCK = {"OPTIONS": {"request_timeout": 5}}
+    assert conf()["OPTIONS"] == {"prefix": distlock_prefix, "request_timeout": 5}
+    assert client.get("/items/1/").status_code == 200
+
+
+def test_an_in_place_change_takes_effect(client, settings, distlock_django, distlock_client):
+    settings.DISTLOCK["KEY_PREFIX"] = "shop:"
+    with distlock_client.lock("shop:item:1", ttl=10):
+        assert client.get("/items/1/").status_code == 423
+
+
+@pytest.mark.distlock_django(timeout=30)
+def test_the_marker_sets_another_timeout(distlock_django):
+    assert conf()["TIMEOUT"] == 30
+
+
+def test_the_project_s_settings_are_back_after_the_fixture():
+    assert django_settings.DISTLOCK == PROJECT_S
+"""
+
+
+@pytest.mark.parametrize(
+    ("own_url", "given"),
+    [
+        ("django://default", ()),  # the lock table in the test database
+        ("sql+sqlite:///{tmp}/production-locks.db", ()),  # a throwaway of the same backend, not production's
+        ("redis://production.invalid:6379/0", ("--distlock-url=django://default",)),  # the option wins
+    ],
+    ids=["django", "production-sqlite", "given-django"],
+)
+def test_distlock_django_on_the_project_s_own_backend_without_etcd(
+    project: pytest.Pytester, own_url: str, given: tuple[str, ...], tmp_path: Path
+) -> None:
+    project.makeini("[pytest]\npythonpath = .\nDJANGO_SETTINGS_MODULE = shop.settings\n")
+    project.mkpydir("shop")
+    settings = DJANGO_SETTINGS.replace(
+        '{"URL": "etcd://127.0.0.1:1", "TIMEOUT": 0.2}', repr({"URL": own_url.format(tmp=tmp_path), "TIMEOUT": 10})
+    )
+    project.makepyfile(
+        **{"shop/settings": settings, "shop/views": DJANGO_VIEWS, "shop/urls": DJANGO_URLS},
+        conftest=OWN_BACKEND_CONFTEST,
+        test_views=OWN_BACKEND_TESTS,
+    )
+    result = project.runpytest_subprocess(*DJANGO_PLUGIN, *given)
+    result.assert_outcomes(passed=7)
+    assert not list(tmp_path.iterdir())  # nothing written to the production file
