@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import tomllib
+import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from _support import REPO
@@ -127,10 +129,11 @@ import distlock
 
 def test_a_lock(distlock_client, distlock_url, distlock_prefix, distlock_{backend}_noproc):
     assert distlock_{backend}_noproc == distlock_url
-    with distlock_client.lock("order:42", ttl=10) as lock:
-        assert distlock_client.holder("order:42").token == lock.token
-        with distlock.connect(distlock_url, prefix=distlock_prefix) as other:
+    with distlock.connect(distlock_url, prefix=distlock_prefix) as other:
+        with distlock_client.lock("order:42", ttl=10) as lock:
+            assert distlock_client.holder("order:42").token == lock.token
             assert not other.lock("order:42").acquire(timeout=0)
+        assert other.lock("order:42").acquire(timeout=0)  # released
     if distlock_url.startswith("sql+"):
         assert re.fullmatch(r"distlock_test_[0-9a-f]{{16}}", distlock_prefix)  # a table prefix
 """
@@ -354,7 +357,7 @@ PROJECT_S = dict(django_settings.DISTLOCK)
 
 
 def test_the_lock_service_is_a_test_one_of_the_project_s_backend(distlock_url):
-    assert distlock_url.startswith("sql+sqlite:///") and "production" not in distlock_url
+    assert distlock_url.startswith("sql+") and "production" not in distlock_url  # the project's backend
 
 
 def test_a_held_lock_answers_423_at_once(client, distlock_django, distlock_client):
@@ -400,27 +403,44 @@ def test_the_project_s_settings_are_back_after_the_fixture():
 
 
 @pytest.mark.parametrize(
-    ("own_url", "given"),
+    ("own_url", "given", "database"),
     [
-        ("django://default", ()),  # the lock table in the test database
-        ("sql+sqlite:///{tmp}/production-locks.db", ()),  # a throwaway of the same backend, not production's
-        ("redis://production.invalid:6379/0", ("--distlock-url=django://default",)),  # the option wins
+        ("django://default", (), "sqlite"),  # the lock table in the test database: in memory, a file of the process
+        ("django://default", (), "postgresql"),  # in the test database, dropped at the end with no warning
+        ("sql+sqlite:///{tmp}/production-locks.db", (), "sqlite"),  # a throwaway of the same backend
+        ("redis://production.invalid:6379/0", ("--distlock-url=django://default",), "sqlite"),  # the option wins
     ],
-    ids=["django", "production-sqlite", "given-django"],
+    ids=["django", "django-postgresql", "production-sqlite", "given-django"],
 )
 def test_distlock_django_on_the_project_s_own_backend_without_etcd(
-    project: pytest.Pytester, own_url: str, given: tuple[str, ...], tmp_path: Path
+    project: pytest.Pytester,
+    own_url: str,
+    given: tuple[str, ...],
+    database: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     project.makeini("[pytest]\npythonpath = .\nDJANGO_SETTINGS_MODULE = shop.settings\n")
     project.mkpydir("shop")
     settings = DJANGO_SETTINGS.replace(
         '{"URL": "etcd://127.0.0.1:1", "TIMEOUT": 0.2}', repr({"URL": own_url.format(tmp=tmp_path), "TIMEOUT": 10})
     )
+    name = f"shop_{uuid.uuid4().hex[:8]}"
+    if database == "postgresql":
+        server = urlsplit(str(request.getfixturevalue("postgres_dsn")))
+        databases = {"ENGINE": "django.db.backends.postgresql", "NAME": name, "USER": server.username}
+        databases |= {"HOST": server.hostname, "PORT": str(server.port)}
+        settings = settings.replace('{"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}', repr(databases))
     project.makepyfile(
         **{"shop/settings": settings, "shop/views": DJANGO_VIEWS, "shop/urls": DJANGO_URLS},
         conftest=OWN_BACKEND_CONFTEST,
         test_views=OWN_BACKEND_TESTS,
     )
-    result = project.runpytest_subprocess(*DJANGO_PLUGIN, *given)
+    result = project.runpytest_subprocess(*DJANGO_PLUGIN, *given, "-W", "error")
     result.assert_outcomes(passed=7)
     assert not list(tmp_path.iterdir())  # nothing written to the production file
+    if database == "postgresql":
+        import psycopg
+
+        with psycopg.connect(str(request.getfixturevalue("postgres_dsn")), autocommit=True) as connection:
+            assert not connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [f"test_{name}"]).fetchall()
