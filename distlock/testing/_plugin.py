@@ -59,7 +59,6 @@ __all__ = [
     "distlock_zookeeper_proc",
     "pytest_addhooks",
     "pytest_addoption",
-    "throwaway_like",
 ]
 
 #: The servers the plugin starts, by kind; ``--distlock-<kind>-bin`` names the binary of those in `_BINARY_OPTIONS`.
@@ -140,7 +139,7 @@ def _backend_of(url: str) -> str:
     return scheme.backend
 
 
-def throwaway_like(url: str) -> str:
+def _throwaway_like(url: str) -> str:
     """The `THROWAWAY` backend like ``url``'s: ``postgres-table`` for a ``sql+postgresql://`` URL, ``etcd`` for
     ``etcds://`` (a throwaway service has no TLS, no cluster)."""
     backend = _backend_of(url)
@@ -279,7 +278,7 @@ def distlock_url(request: pytest.FixtureRequest, distlock_servers: ThrowawayServ
         own = request.config.hook.pytest_distlock_default(request=request)
         if own is not None and scheme_of(own.partition("://")[0]) is None:
             return _resolved(request, own)
-        named = throwaway_like(own) if own is not None else "etcd"
+        named = _throwaway_like(own) if own is not None else "etcd"
     return distlock_servers.url(named)
 
 
