@@ -7,7 +7,9 @@ passes the checks also works at run time. Durations go through :func:`distlock.s
 are judged by ``distlock.backends.parse_url``, without side effects (no connection, no file read); a ``django://``
 URL is kept as it is (``_database.py`` says which database it means, at each use). Values are cached until
 ``settings.DISTLOCK`` changes (assigned, or changed in place) and never written back into ``settings``. The keys,
-their defaults, ids and allowed values: docs/reference/django-settings.md.
+their defaults, ids and allowed values: docs/reference/django-settings.md. :func:`fixture_defaults` is the pytest
+fixture ``distlock_django``'s hook: keys it puts beneath ``settings.DISTLOCK`` for one test, so that a test's later
+assignments of other keys keep the fixture's URL, prefix and ``TIMEOUT``.
 
 What can go wrong: a bad value raises ``ConfigurationError`` naming every bad key (``DISTLOCK["TTL"]``) on first use;
 an unknown key is only logged as a warning (``distlock.W001`` in ``manage.py check``, with a "did you mean"), since
@@ -16,12 +18,13 @@ a setting a newer release added must not break an older one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import importlib.util
 import logging
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +38,7 @@ from distlock.backends import SCHEMES, Scheme, parse_url, scheme_of
 from ._database import alias_of, database_url
 from ._rules import compile_rules
 
-__all__ = ["DEFAULTS", "DOCS", "SETTINGS", "Problem", "Setting", "conf", "lock_name", "validate"]
+__all__ = ["DEFAULTS", "DOCS", "SETTINGS", "Problem", "Setting", "conf", "fixture_defaults", "lock_name", "validate"]
 
 log = logging.getLogger("distlock.django")
 
@@ -296,6 +299,29 @@ def validate(user: object) -> tuple[dict[str, Any], list[Problem]]:
 
 #: The ``DISTLOCK`` value last judged (a deep copy) and the settings made of it.
 _cache: tuple[object, dict[str, Any]] | None = None
+#: Keys beneath ``settings.DISTLOCK`` while a test fixture is in force (:func:`fixture_defaults`); else empty.
+_beneath: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def fixture_defaults(defaults: Mapping[str, Any]) -> Iterator[None]:
+    """Within the block, :func:`conf` takes a key ``settings.DISTLOCK`` lacks from ``defaults``, and ``OPTIONS`` key
+    by key: a test that assigns ``settings.DISTLOCK = {"TTL": 5}`` keeps the fixture's URL and prefix."""
+    _beneath.update(defaults)
+    try:
+        yield
+    finally:
+        _beneath.clear()
+
+
+def _over_fixture_defaults(user: object) -> object:
+    if not _beneath or not isinstance(user, Mapping):
+        return user
+    options = user.get("OPTIONS", {})
+    merged = {**_beneath, **user}
+    if isinstance(options, Mapping):
+        merged["OPTIONS"] = {**_beneath.get("OPTIONS", {}), **options}
+    return merged
 
 
 def conf() -> Mapping[str, Any]:
@@ -306,7 +332,7 @@ def conf() -> Mapping[str, Any]:
     logs unknown keys as warnings.
     """
     global _cache
-    user = getattr(settings, "DISTLOCK", {})
+    user = _over_fixture_defaults(getattr(settings, "DISTLOCK", {}))
     cached = _cache
     if cached is not None and cached[0] == user:
         return cached[1]

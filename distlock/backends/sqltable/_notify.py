@@ -142,12 +142,17 @@ def end_setup_watch(dbapi_connection: Any, record: Any) -> None:
 # -- notifications ---------------------------------------------------------------------------------------------
 
 
+#: PostgreSQL's longest identifier: ``pg_notify`` refuses a longer channel ("channel name too long"), ``LISTEN``
+#: cuts one. A prefix may have 41 characters, so a lock's channel is cut here, for both.
+_CHANNEL_LENGTH = 63
+
+
 def entry_channel(prefix: str, entry_id: int) -> str:
-    return f"{prefix}_w{entry_id}"
+    return f"{prefix}_w{entry_id}"  # at most 41 + 2 + 19 characters
 
 
 def lock_channel(prefix: str, name: str) -> str:
-    return f"{prefix}_l{name_key(name)[:32]}"
+    return f"{prefix}_l{name_key(name)[:32]}"[:_CHANNEL_LENGTH]
 
 
 def notify_removed(connection: Connection, prefix: str, name: str, ids: Sequence[int]) -> None:

@@ -175,6 +175,17 @@ def test_a_dead_waiter_ahead_is_removed_by_the_waiter_behind_it(
         worker.close()
 
 
+def test_a_lock_under_the_longest_prefix_is_released_on_postgresql(postgres_dsn: str, lock_name: str) -> None:
+    """A 41-character prefix (the most ``?prefix=`` takes) makes a lock's NOTIFY channel longer than PostgreSQL's
+    63-character names: it is cut to fit, or the release fails ("channel name too long") and the lock stays held."""
+    url = f"sql+{postgres_dsn}"
+    prefix = f"p{uuid.uuid4().hex}"[:41]
+    with distlock.connect(url, prefix=prefix) as client, distlock.connect(url, prefix=prefix) as other:
+        with client.lock(lock_name, ttl=30):
+            assert not other.lock(lock_name).acquire(timeout=0)
+        assert other.lock(lock_name).acquire(timeout=0)
+
+
 def test_bad_urls_are_configuration_errors(tmp_path: Path) -> None:
     for url in (
         "sql+postgresql://host:notaport/db",
