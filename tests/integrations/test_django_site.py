@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -166,6 +167,13 @@ def site_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def site_mariadb() -> Iterator[MariaDBServer]:
+    """A MariaDB of the site's own: what Django's runner does there (clones by mysqldump, drops) stays there."""
+    with MariaDBServer() as server:
+        yield server
+
+
 def _postgres(dsn: str) -> dict[str, object]:
     parts = urlsplit(dsn)
     return {
@@ -204,7 +212,7 @@ def database(request: pytest.FixtureRequest) -> dict[str, object] | None:
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3", "TEST": {"NAME": "test_db.sqlite3"}}
     if request.param == "postgres":
         return _postgres(request.getfixturevalue("postgres_dsn"))
-    return _mariadb(request.getfixturevalue("mariadb_server"))
+    return _mariadb(request.getfixturevalue("site_mariadb"))
 
 
 @pytest.fixture
@@ -239,7 +247,7 @@ def _left_behind(site: Path, database: dict[str, object] | None, request: pytest
             rows = connection.execute("SELECT datname FROM pg_database WHERE datname LIKE 'test_site%'").fetchall()
         files += [row[0] for row in rows if str(database["NAME"]) in row[0]]  # type: ignore[index]
     if engine.endswith("mysql"):
-        server: MariaDBServer = request.getfixturevalue("mariadb_server")
+        server: MariaDBServer = request.getfixturevalue("site_mariadb")
         listed = server.sql("SHOW DATABASES")
         files += [name for name in listed.split() if name.startswith(f"test_{database['NAME']}")]  # type: ignore[index]
     return files

@@ -245,14 +245,20 @@ class Sessions:
         for stopper in stoppers:
             stopper.join(max(deadline - _clock.now(), 0))
 
-    def call(self, what: str, request: Callable[[Attempt], _R], budget: float | None = None) -> tuple[_R, int]:
+    def call(
+        self, what: str, request: Callable[[Attempt], _R], budget: float | None = None, *, read: bool = False
+    ) -> tuple[_R, int]:
         """Run ``request`` until it answers or the deadline passes; the answer and the attempts made.
 
         Each attempt waits for kazoo's asynchronous result only until the attempt's deadline: kazoo's blocking
-        calls would wait for a reconnection without limit.
+        calls would wait for a reconnection without limit. A ``read`` attempt waits ``connect_timeout`` at most and
+        is then sent again: a read is safe to repeat, and kazoo can leave a request sent as its session expired
+        unanswered for good (seen with kazoo 2.10.0 across a server restart; the next attempt finds the session gone
+        and reads on the backend's own).
         """
         deadline = _clock.now() + (self.request_timeout if budget is None else budget)
-        return retrying(what, request, deadline, self._errors)
+        each = (lambda number: self.connect_timeout) if read else None
+        return retrying(what, request, deadline, self._errors, each)
 
     def translate(self, error: Exception, what: str) -> BackendError | None:
         if isinstance(error, (*_RETRYABLE, _MainSessionRenewing)):
@@ -289,7 +295,7 @@ class Sessions:
             except kz.NoNodeError:
                 return []
 
-        children, _ = self.call(what, request)
+        children, _ = self.call(what, request, read=True)
         return queue_order(children)
 
     def get(self, client: KazooClient, path: str, what: str) -> tuple[bytes, Any] | None:
@@ -302,7 +308,7 @@ class Sessions:
                 return None
             return bytes(data), stat
 
-        found, _ = self.call(what, request)
+        found, _ = self.call(what, request, read=True)
         return found
 
     def stat(self, client: KazooClient, path: str, what: str) -> Any:

@@ -16,6 +16,7 @@ import types
 from collections.abc import Callable
 
 import pytest
+from _support import wait_until
 from django.http import HttpResponseBase
 from django.test import AsyncClient, Client
 from djangotests.testapp import views
@@ -25,6 +26,7 @@ from pytest_django.fixtures import Settings
 import distlock
 from distlock import _breaker, _clock
 from distlock.testing import EtcdServer
+from distlock_django import get_client
 
 #: The views: the decorator on a sync view (``timeout=0``; its gate open) and on an async view, and the middleware's
 #: rule ``^/mw/``. After a freeze, a join sent before it may land after it: a key nobody waits on, which keeps
@@ -44,6 +46,15 @@ def breaker_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
         ahead[0] += seconds
 
     return move
+
+
+def _answers(client: distlock.Client) -> bool:
+    """Whether the client's backend answers a call of its own (past the breaker, which counts only the client's)."""
+    try:
+        client._context.backend.check()
+    except distlock.DistlockError:
+        return False
+    return True
 
 
 def _request(path: str) -> tuple[int, str | None]:
@@ -79,6 +90,9 @@ def test_a_down_lock_service_answers_503_at_once_then_recovers(
             assert "failing fast since" in caplog.text, f"{path} asked the lock service again"
     finally:
         etcd_server.start() if outage == "stop" else etcd_server.resume()
+    # The server answers again; the client's own connection comes back after gRPC's reconnect backoff (up to 1 s,
+    # longer than this test's request_timeout), which moving the breaker's clock does not wait for.
+    wait_until(lambda: _answers(get_client()), 30, "the client's connection to the etcd that came back")
     breaker_clock(60)
     assert [_request(path)[0] for path in (SYNC_AGAIN, ASYNC, MIDDLEWARE)] == [200, 200, 200]
 
