@@ -169,8 +169,8 @@ class Channels:
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_timeout_ms", 5_000),
             # No grpc.min_reconnect_backoff_ms: gRPC takes it as the deadline of each connection attempt too, and
-            # grpcio before 1.80 then never reconnected to an etcd stopped and started again on its port (each
-            # attempt timed out; a client without it reconnects within ~10 s there, at once on 1.80+).
+            # grpcio before 1.80 then never reconnected to an etcd stopped and started again on its port (without
+            # it: within ~10 s there; at once on 1.80+, the floor of the etcd extra).
             ("grpc.initial_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", 1_000),
             ("grpc.enable_retries", 0),
