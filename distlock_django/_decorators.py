@@ -44,24 +44,28 @@ R = TypeVar("R")
 T = TypeVar("T", bound=type)
 
 
+def _plain_response(text: str, status: int, retry_after: int | None = None) -> HttpResponse:
+    """A plain-text answer with ``status``, and ``Retry-After`` when ``retry_after`` is not None."""
+    response = HttpResponse(text, status=status, content_type="text/plain; charset=utf-8")
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
 def busy_response() -> HttpResponse:
     """The answer to a request whose lock is busy (no holder or token in it)."""
     settings = conf()
-    response = HttpResponse(
+    return _plain_response(
         "This resource is busy with another request. Retry shortly.\n",
-        status=int(settings["CONTENTION_STATUS"]),
-        content_type="text/plain; charset=utf-8",
+        settings["CONTENTION_STATUS"],
+        settings["RETRY_AFTER"],
     )
-    response["Retry-After"] = str(settings["RETRY_AFTER"])
-    return response
 
 
 def conflict_response() -> HttpResponse:
     """The answer when the lock was lost or the database refused a stale write."""
-    return HttpResponse(
-        "This resource was changed by another request meanwhile. Reload and retry.\n",
-        status=int(conf()["CONFLICT_STATUS"]),
-        content_type="text/plain; charset=utf-8",
+    return _plain_response(
+        "This resource was changed by another request meanwhile. Reload and retry.\n", conf()["CONFLICT_STATUS"]
     )
 
 
@@ -86,13 +90,11 @@ def unavailable_answer(error: BackendUnavailable, request: HttpRequest | None) -
     if request is None or settings["UNAVAILABLE_STATUS"] is None:
         return None
     log.warning("distlock: %s answered %s: %s", request.path, settings["UNAVAILABLE_STATUS"], error)
-    response = HttpResponse(
+    return _plain_response(
         "The lock service is unavailable. Retry later.\n",
-        status=int(settings["UNAVAILABLE_STATUS"]),
-        content_type="text/plain; charset=utf-8",
+        settings["UNAVAILABLE_STATUS"],
+        settings["UNAVAILABLE_RETRY_AFTER"],
     )
-    response["Retry-After"] = str(settings["UNAVAILABLE_RETRY_AFTER"])
-    return response
 
 
 class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(...), with distributed_lock(...)

@@ -22,6 +22,15 @@ except distlock.ConfigurationError as e:
 """
 
 
+def _run_probe(code: str) -> str:
+    """What ``python -c code`` printed, in a child process without this one's Django settings; it must exit 0."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 @pytest.mark.parametrize(
     ("module", "url", "extra"),
     [
@@ -34,16 +43,8 @@ except distlock.ConfigurationError as e:
     ],
 )
 def test_a_backend_without_its_extra_raises_configuration_error(module: str, url: str, extra: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(module=module, url=url)],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ConfigurationError:") and extra in result.stdout, result.stdout
+    said = _run_probe(_PROBE.format(module=module, url=url))
+    assert said.startswith("ConfigurationError:") and extra in said, said
 
 
 _IMPORT_PROBE = """
@@ -70,15 +71,6 @@ except ImportError as e:
 def test_an_integration_without_its_extra_raises_import_error_naming_it(
     module: str, statement: str, message: str
 ) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _IMPORT_PROBE.format(module=module, statement=statement)],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    said = result.stdout.strip()
+    said = _run_probe(_IMPORT_PROBE.format(module=module, statement=statement)).strip()
     assert said.startswith(f"ModuleNotFoundError {message} the '{module}' extra"), said
     assert f"pip install 'distlock-fenced[{module}]'" in said, said
