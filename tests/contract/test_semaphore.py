@@ -224,7 +224,7 @@ def test_twelve_processes_on_limit_three_under_stop_and_kill(backend_url: str, l
         window_end = time.monotonic()
         faults = 0
         deadline = time.monotonic() + 120
-        while faults < 6:
+        while faults < 3:  # a holder frozen past its lease, another, then one killed
             assert time.monotonic() < deadline, "no holder to freeze or kill for two minutes"
             victims = [pid for pid in holding_now() if any(p.pid == pid and p.poll() is None for p in processes)]
             if not victims:
