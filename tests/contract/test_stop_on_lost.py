@@ -190,7 +190,7 @@ def test_a_scope_outside_the_main_thread_is_refused_before_waiting(memory: distl
 
 def test_stop_on_lost_must_be_a_bool(memory: distlock.Client) -> None:
     with pytest.raises(distlock.ConfigurationError, match="stop_on_lost must be True or False"):
-        memory.lock("a", stop_on_lost="yes")  # type: ignore[typeddict-item]
+        memory.lock("a", stop_on_lost="yes")  # type: ignore[arg-type]
 
 
 # -- the test: a frozen holder in another process --------------------------------------------------------
