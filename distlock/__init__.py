@@ -49,6 +49,7 @@ from ._multi import AsyncMultiLock, MultiLock
 from ._protocol import Holder, LockState, Waiter
 from ._rwlock import AsyncRWLock, RWLock
 from ._seconds import seconds
+from ._stop import STOP_SIGNAL
 from ._table import format_lock_table
 from ._template import KeyTemplate
 
@@ -57,7 +58,7 @@ __version__ = "0.1.0"
 # A library logs, the application decides where it goes (lost locks are logged as warnings on "distlock").
 logging.getLogger("distlock").addHandler(logging.NullHandler())
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - plain sorted() order (tests/tooling/test_public_api.py)
     "AsyncElection",
     "AsyncLock",
     "AsyncMultiLock",
@@ -87,6 +88,7 @@ __all__ = [
     "LockState",
     "MultiLock",
     "RWLock",
+    "STOP_SIGNAL",
     "StaleFenceToken",
     "UnfencedWrite",
     "Waiter",

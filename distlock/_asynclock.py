@@ -21,6 +21,7 @@ from typing import Self
 from ._errors import ClientClosed, LockLost, LockNotAcquired
 from ._lock import Fence, Lock
 from ._protocol import Interrupt
+from ._stop import TaskScope
 
 __all__ = ["AsyncLock"]
 
@@ -30,11 +31,13 @@ class AsyncLock:
 
     The blocking wait runs on a thread of its own (not the default executor, so many waiters cannot starve it);
     cancelling the awaiting task interrupts that wait and removes the waiter's key, and a lock acquired at the very
-    moment of cancellation is released before ``CancelledError`` propagates.
+    moment of cancellation is released before ``CancelledError`` propagates. With ``stop_on_lost=True``,
+    ``async with`` runs its body in :meth:`scope`.
     """
 
     def __init__(self, lock: Lock) -> None:
         self._lock = lock
+        self._scope: TaskScope | None = None  # the scope ``async with`` entered (``stop_on_lost``)
 
     @property
     def sync(self) -> Lock:
@@ -118,6 +121,12 @@ class AsyncLock:
     async def locked(self) -> bool:
         return await asyncio.to_thread(self._lock.locked)
 
+    def scope(self) -> TaskScope:
+        """``async with lock.scope():`` stops its body when this hold is lost: the task is cancelled, and the
+        ``CancelledError`` becomes ``LockLost`` at the scope's exit (a cancellation from outside stays one).
+        ``LockNotOwned`` if not held, ``LockLost`` at once if lost already; docs/lost.md."""
+        return TaskScope((self._lock,))
+
     async def __aenter__(self) -> Self:
         if not await self.acquire():
             raise LockNotAcquired(
@@ -125,11 +134,31 @@ class AsyncLock:
                 "it is held by another holder",
                 name=self.name,
             )
+        await self._enter_scope()
         return self
+
+    async def _enter_scope(self) -> None:
+        """Right after acquiring: enter the scope ``stop_on_lost`` asks for; if it raises (lost already), release."""
+        if self._lock._stop_on_lost:
+            scope = self.scope()
+            try:
+                await scope.__aenter__()
+            except BaseException:
+                await asyncio.to_thread(self._release_quietly)
+                raise
+            self._scope = scope
 
     async def __aexit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
+        scope, self._scope = self._scope, None
+        try:
+            if scope is not None:
+                await scope.__aexit__(kind, value, traceback)  # first: a loss from here on no longer stops the body
+        finally:
+            await self._release_on_exit(kind)
+
+    async def _release_on_exit(self, kind: type[BaseException] | None) -> None:
         if self._lock._own_ticket() is None:
             return
         try:

@@ -34,6 +34,7 @@ from ._errors import ConfigurationError, LockNotAcquired
 from ._lock import Fence, Lock
 from ._lockoptions import LockOptions
 from ._seconds import seconds
+from ._stop import TaskScope, ThreadScope, enter_or_release
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -115,6 +116,10 @@ class Election:
         """Raise ``LockLost`` if deposed, ``LockNotOwned`` if not leading (see :meth:`Lock.ensure_held`)."""
         self._lock.ensure_held(verify)
 
+    def scope(self) -> ThreadScope:
+        """``with election.scope():`` stops its body when this leader is deposed (as :meth:`Lock.scope`)."""
+        return self._lock.scope()
+
     def record(self, value: bytes | str) -> None:
         """Store ``value`` (1 byte to 512 KiB; a str is stored as UTF-8) as the election's record, if this
         candidate still leads: the server checks that in the same step. Raises ``LockNotOwned`` when not leading,
@@ -127,10 +132,12 @@ class Election:
             return self._records.read_record(self.name)
 
     def __enter__(self) -> Self:
+        scope = self.scope() if self._lock._stop_on_lost else None  # in another thread: ConfigurationError, first
         if not self.campaign():
             raise LockNotAcquired(
                 f"election {self.name!r}: not leading within {self._lock.timeout:g} s (timeout)", name=self.name
             )
+        self._lock._scope = scope and enter_or_release(scope, self._lock.release)  # left by the lock's __exit__
         return self
 
     def __exit__(
@@ -247,6 +254,10 @@ class AsyncElection:
     async def ensure_held(self, verify: bool = False) -> None:
         await self._async.ensure_held(verify)
 
+    def scope(self) -> TaskScope:
+        """``async with election.scope():`` stops its body when this leader is deposed (as ``AsyncLock.scope``)."""
+        return self._async.scope()
+
     async def record(self, value: bytes | str) -> None:
         data = _record_bytes(value)
         await asyncio.to_thread(self._election.lock._write_record, data)
@@ -277,6 +288,7 @@ class AsyncElection:
                 f"election {self.name!r}: not leading within {self._election.lock.timeout:g} s (timeout)",
                 name=self.name,
             )
+        await self._async._enter_scope()  # left by the lock's __aexit__
         return self
 
     async def __aexit__(

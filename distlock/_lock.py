@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, Unpack
 
-from . import _clock, _metrics
+from . import _clock, _metrics, _stop
 from ._errors import (
     BackendError,
     BackendUnavailable,
@@ -91,9 +91,9 @@ class Lock:
 
     The options (:class:`LockOptions`) are checked once, here. ``ttl`` stays what was asked; the lease granted
     is at least :data:`~distlock._session.MIN_TTL` (one second) and may be longer (etcd grants whole seconds), and
-    refreshes follow the granted TTL. Past ``max_hold`` the lock is released and marked lost even if the holder
-    is alive but hung. ``owner`` lets other processes tell who holds the lock (the Celery
-    integration stores the task id there).
+    refreshes follow the granted TTL. Past ``max_hold`` the lock is released and marked lost even if the holder is
+    alive but hung. ``owner`` lets other processes tell who holds the lock (the Celery integration stores the task id
+    there). With ``stop_on_lost=True``, ``with`` runs its body in :meth:`scope`: a loss stops it (docs/lost.md).
     """
 
     def __init__(self, context: Context, name: str, *, kind: str = MUTEX, **options: Unpack[LockOptions]) -> None:
@@ -101,6 +101,11 @@ class Lock:
         self._context = context
         self.name = name
         self._on_lost = options.get("on_lost")
+        self._stop_on_lost = options.get("stop_on_lost", False)
+        self._scope: _stop.ThreadScope | None = None  # the scope ``with`` entered (``stop_on_lost``)
+        # What to call when the current hold is lost: the scopes, and ``on_lost`` first, on the keeper's clean-up
+        # thread (the keeper must go on refreshing leases; a caller of ``lost`` does not expect to run user code).
+        self._lost_hooks = _stop.LostHooks(functools.partial(context.keeper.defer, self._call_on_lost))
         self.owner = options.get("owner")
         self.family = options.get("family")
         self._metric_attributes = _metrics.lock_attributes(type(context.backend).__module__, self.family)
@@ -303,6 +308,7 @@ class Lock:
             self._pid = os.getpid()
             self._acquired_at = now
             self._lost_reason = None
+            self._lost_hooks.reset()
             self._lost_event.clear()
             self._handed_over = False
             self._hold_deadline = None if self.max_hold is None else now + self.max_hold
@@ -438,10 +444,11 @@ class Lock:
         self._lost_event.set()
         _metrics.lock_lost(self._metric_attributes)
         log.warning("distlock: lock %r lost: %s", self.name, reason)
-        if self._on_lost is not None:
-            # Not on the calling thread: the keeper must go on refreshing leases, and a caller of ``lost`` or
-            # ``ensure_held()`` does not expect to run user code.
-            self._context.keeper.defer(self._call_on_lost)
+        self._lost_hooks.fire()  # last: a main-thread scope's signal may raise LockLost in this thread
+
+    def scope(self) -> _stop.ThreadScope:
+        """``with lock.scope():`` raises ``LockLost`` in its body when this hold is lost (main thread only; lost.md)."""
+        return _stop.ThreadScope((self,))
 
     def _call_on_lost(self) -> None:
         if self._on_lost is not None:
@@ -566,21 +573,27 @@ class Lock:
             )
 
     def __enter__(self) -> Self:
+        scope = self.scope() if self._stop_on_lost else None  # in another thread: ConfigurationError, before waiting
         if not self.acquire():
             raise LockNotAcquired(
                 f"lock {self.name!r} not acquired within {self.timeout:g} s (timeout); it is held by another holder",
                 name=self.name,
             )
+        self._scope = scope and _stop.enter_or_release(scope, self.release)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self._own_ticket() is None:
-            return  # released in the body, or a forked child leaving its parent's block: nothing of ours to end
+        scope, self._scope = self._scope, None
         try:
-            self.release()
-        except (LockLost, ClientClosed):
-            if kind is None:
-                raise
-            # The body's own exception matters more; the loss is logged by _mark_lost.
+            if scope is not None:
+                scope.__exit__(kind, value, traceback)  # first: a loss from here on no longer stops the body
+        finally:
+            if self._own_ticket() is not None:  # else released in the body, or a forked child leaving its parent's
+                try:
+                    self.release()
+                except (LockLost, ClientClosed):
+                    if kind is None:
+                        raise
+                    # The body's own exception matters more; the loss is logged by _mark_lost.

@@ -5,7 +5,8 @@ keyword options; :func:`check_options` checks them, with the lock's name, where 
 lock), so a bad value fails when the handle is made, never at the first acquire, and returns the durations it read.
 
 What can go wrong: an unknown option is a ``TypeError`` naming the known ones; a bad name raises ``InvalidLockName``
-and a bad owner, family or duration a ``ConfigurationError`` (durations through the one validator, ``_seconds``).
+and a bad owner, family, ``stop_on_lost`` or duration a ``ConfigurationError`` (durations through the one validator,
+``_seconds``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class LockOptions(TypedDict, total=False):
     the id ``client.holder(name).owner`` reports while this handle holds the lock. ``family`` (default None): what
     the lock's metrics are grouped by (the ``distlock.lock.family`` attribute), a bounded label such as the template
     the name was rendered from (``"account:{pk}"``), never the name itself; the integrations set it.
+    ``stop_on_lost`` (default False): ``with`` and ``async with`` on the handle run their body in the handle's
+    ``scope()``, which stops the body when the lock is lost (asyncio: the task is cancelled; the main thread: a
+    signal interrupts it; ``LockLost`` is raised in the body; docs/lost.md).
     """
 
     ttl: float
@@ -42,6 +46,7 @@ class LockOptions(TypedDict, total=False):
     on_lost: Callable[[Lock], None] | None
     owner: str | None
     family: str | None
+    stop_on_lost: bool
 
 
 _KNOWN_OPTIONS = ", ".join(sorted(LockOptions.__optional_keys__))
@@ -66,6 +71,8 @@ def check_options(name: str, options: LockOptions) -> Durations:
         value = options.get(option)
         if value is not None and (not isinstance(value, str) or not value.isprintable() or not 0 < len(value) <= 256):
             raise ConfigurationError(f"{what} must be a printable str of 1 to 256 characters, not {value!r}")
+    if not isinstance(options.get("stop_on_lost", False), bool):
+        raise ConfigurationError(f"stop_on_lost must be True or False, not {options['stop_on_lost']!r}")
     return Durations(
         ttl=seconds(options.get("ttl", 30.0), "ttl (the lease length)"),
         timeout=seconds(

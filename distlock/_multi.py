@@ -27,6 +27,7 @@ from ._asynclock import AsyncLock
 from ._errors import ConfigurationError, DistlockError, LockNotAcquired
 from ._lock import Fence, Lock
 from ._lockoptions import LockOptions
+from ._stop import TaskScope, ThreadScope, enter_or_release
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -61,6 +62,7 @@ class MultiLock:
     def __init__(self, context: Context, names: Iterable[str], **options: Unpack[LockOptions]) -> None:
         self._locks = tuple(Lock(context, name, **options) for name in _canonical(names))
         self.timeout = self._locks[0].timeout
+        self._scope: ThreadScope | None = None  # the scope ``with`` entered (``stop_on_lost``)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -140,24 +142,35 @@ class MultiLock:
         lost while held, ``LockNotOwned`` when the set was not held)."""
         _release_all(self._locks)
 
+    def scope(self) -> ThreadScope:
+        """``with multi.scope():`` stops its body when any lock of the set is lost (as :meth:`Lock.scope`)."""
+        return ThreadScope(self._locks)
+
     def __enter__(self) -> Self:
+        scope = self.scope() if self._locks[0]._stop_on_lost else None  # in another thread: ConfigurationError, first
         if not self.acquire():
             raise LockNotAcquired(
                 f"locks {list(self.names)} not all acquired within {self.timeout:g} s (timeout); none is held",
                 name=self.names[0],
             )
+        self._scope = scope and enter_or_release(scope, self.release)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        held = [lock for lock in self._locks if lock._own_ticket() is not None]
+        scope, self._scope = self._scope, None
         try:
-            _release_all(held)
-        except DistlockError:
-            if kind is None:
-                raise
-            # The body's own exception matters more; a loss is logged where it is found.
+            if scope is not None:
+                scope.__exit__(kind, value, traceback)  # first: a loss from here on no longer stops the body
+        finally:
+            held = [lock for lock in self._locks if lock._own_ticket() is not None]
+            try:
+                _release_all(held)
+            except DistlockError:
+                if kind is None:
+                    raise
+                # The body's own exception matters more; a loss is logged where it is found.
 
 
 def _release_all(locks: Iterable[Lock]) -> None:
@@ -184,6 +197,7 @@ class AsyncMultiLock:
     def __init__(self, multi: MultiLock) -> None:
         self._multi = multi
         self._async = tuple(AsyncLock(lock) for lock in multi.locks)
+        self._scope: TaskScope | None = None  # the scope ``async with`` entered (``stop_on_lost``)
 
     @property
     def sync(self) -> MultiLock:
@@ -207,6 +221,10 @@ class AsyncMultiLock:
 
     def owned(self) -> bool:
         return self._multi.owned()
+
+    def scope(self) -> TaskScope:
+        """``async with multi.scope():`` stops its body when any lock of the set is lost (as ``AsyncLock.scope``)."""
+        return TaskScope(self._multi.locks)
 
     def __repr__(self) -> str:
         return f"<distlock.AsyncMultiLock {self._multi!r}>"
@@ -243,18 +261,31 @@ class AsyncMultiLock:
                 f"locks {list(self.names)} not all acquired within {self._multi.timeout:g} s (timeout); none is held",
                 name=self.names[0],
             )
+        if self._multi.locks[0]._stop_on_lost:
+            scope = self.scope()
+            try:
+                await scope.__aenter__()
+            except BaseException:
+                await _release_quietly_async(list(self._async))
+                raise
+            self._scope = scope
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        for lock in self._async:
-            lock.sync._leave_context()
+        scope, self._scope = self._scope, None
         try:
-            await asyncio.to_thread(self._multi.__exit__, kind, value, traceback)
-        except DistlockError:
-            if kind is None:
-                raise
+            if scope is not None:
+                await scope.__aexit__(kind, value, traceback)  # first: a loss from here on no longer stops the body
+        finally:
+            for lock in self._async:
+                lock.sync._leave_context()
+            try:
+                await asyncio.to_thread(self._multi.__exit__, kind, value, traceback)
+            except DistlockError:
+                if kind is None:
+                    raise
 
 
 async def _release_quietly_async(locks: list[AsyncLock]) -> None:

@@ -4,7 +4,9 @@ The lock name is rendered per call from the call's bound arguments (defaults app
 attribute access such as ``{request.user.pk}``; ``with distributed_lock("report:daily")`` takes a fixed name. With
 ``limit=N`` the name is a semaphore of N holders. A lock that ends inside ``transaction.atomic()`` or
 ``ATOMIC_REQUESTS`` is released when the transaction ends (``_tx``), so the next holder never reads what this one
-had not committed; async views release at once. docs/integrations/django.md has the user's view of all this.
+had not committed; async views release at once. With ``stop_on_lost=True`` an async view runs in the lock's
+``scope()``: a loss cancels it and answers 409; on a sync view the option is a ``ConfigurationError`` when
+decorating. docs/integrations/django.md has the user's view of all this.
 
 What can go wrong: a template naming a parameter the function cannot have fails when decorating, a value missing at
 call time fails then (both ``InvalidKeyTemplate``); a bad ``limit`` is ``ConfigurationError`` when decorating, a name
@@ -17,6 +19,7 @@ answers ``UNAVAILABLE_STATUS`` (503) with ``Retry-After`` (or raises when it is 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -108,7 +111,11 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
         timeout: float | None = None,
         blocking: bool = True,
         limit: int | None = None,
+        stop_on_lost: bool = False,
     ) -> None:
+        if not isinstance(stop_on_lost, bool):
+            raise distlock.ConfigurationError(f"stop_on_lost must be True or False, not {stop_on_lost!r}")
+        self.stop_on_lost = stop_on_lost
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000):
             raise distlock.ConfigurationError(
                 f"limit (how many calls may hold the name at once) must be an int from 1 to 10000, not {limit!r}"
@@ -153,13 +160,22 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
             if getattr(target, "view_is_async", False):
                 target.dispatch = self._wrap_async(dispatch, awaits_result=True)  # type: ignore[attr-defined]
             else:
-                target.dispatch = self._wrap_sync(dispatch)  # type: ignore[attr-defined]
+                target.dispatch = self._wrap_sync(self._sync(dispatch))  # type: ignore[attr-defined]
             return target
         if not callable(target):
             raise InvalidKeyTemplate(f"@distributed_lock decorates a function or a view class, not {target!r}")
         if iscoroutinefunction(target):
             return self._wrap_async(target, awaits_result=False)
-        return self._wrap_sync(target)
+        return self._wrap_sync(self._sync(target))
+
+    def _sync(self, func: Callable[P, R]) -> Callable[P, R]:
+        if self.stop_on_lost:
+            raise distlock.ConfigurationError(
+                f"@distributed_lock(stop_on_lost=True) on {getattr(func, '__qualname__', func)!r}: only an async view "
+                "can be stopped (its task is cancelled); a sync view runs in a worker thread, which no signal reaches. "
+                "It stops at its next fenced write or ensure_held() with 409 anyway: leave stop_on_lost out"
+            )
+        return func
 
     def _name_for(self, signature: inspect.Signature, args: Any, kwargs: Any) -> tuple[str, HttpRequest | None]:
         values = KeyTemplate.call_values(signature, args, kwargs)
@@ -209,9 +225,10 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
             if not acquired:
                 return self._busy(lock.sync, request)
             try:
-                result = func(*args, **kwargs)
-                if awaits_result or inspect.isawaitable(result):
-                    result = await cast(Awaitable[Any], result)
+                async with lock.scope() if self.stop_on_lost else contextlib.nullcontext():
+                    result = func(*args, **kwargs)
+                    if awaits_result or inspect.isawaitable(result):
+                        result = await cast(Awaitable[Any], result)
             except BaseException as e:
                 await _arelease_quietly(lock)
                 answer = conflict_answer(e, request)

@@ -71,7 +71,7 @@ def test_the_validator_returns_a_float_and_passes_none_and_forever() -> None:
 
 def test_an_unknown_lock_option_is_a_type_error(client: distlock.Client, lock_name: str) -> None:
     options: dict[str, Any] = {"tll": 30}
-    with pytest.raises(TypeError, match=r"tll.*known: family, max_hold, on_lost, owner, timeout, ttl"):
+    with pytest.raises(TypeError, match=r"tll.*known: family, max_hold, on_lost, owner, stop_on_lost, timeout, ttl"):
         client.lock(lock_name, **options)
     with pytest.raises(TypeError, match="tll"):
         client.async_lock(lock_name, **options)

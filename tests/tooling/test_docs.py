@@ -202,6 +202,7 @@ OTHER_PROJECTS_NAMES = {
         "NodeExists",
     ),
     *("NotEmpty", "ImportError", "ModuleNotFoundError", "TypeError", "VmRSS"),
+    *("BaseException", "CancelledError", "TaskGroup"),
 }
 
 

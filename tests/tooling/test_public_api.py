@@ -16,8 +16,9 @@ CONTRACT = {
     "BackendUnavailable", "Client", "ClientCache", "ClientClosed", "ConfigurationError", "DistlockError", "Election",
     "Fence", "Holder", "InvalidKeyTemplate", "InvalidLockName", "KeyTemplate", "Leader", "Lock", "LockError",
     "LockKindMismatch", "LockLost", "LockNotAcquired", "LockNotOwned", "LockOptions", "LockState", "MultiLock",
-    "RWLock", "StaleFenceToken", "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock", "current_token",
-    "fence_for", "fence_for_write", "fence_refused", "format_lock_table", "seconds", "stale_token_message",
+    "RWLock", "STOP_SIGNAL", "StaleFenceToken", "UnfencedWrite", "Waiter", "connect", "current_fence", "current_lock",
+    "current_token", "fence_for", "fence_for_write", "fence_refused", "format_lock_table", "seconds",
+    "stale_token_message",
 }  # fmt: skip
 
 

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import pytest
 from _support import wait_until
 from django.db import connections, transaction
-from django.http import HttpRequest
-from django.test import AsyncClient, Client
+from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient, Client, RequestFactory
 from djangotests.httpclient import post_many
 from djangotests.testapp import views
 from djangotests.testapp.models import Account
@@ -278,3 +278,22 @@ def test_atomic_requests_release_after_the_request_commits(db_alias: str, django
     assert views.PROBES == [True], "the lock was released before ATOMIC_REQUESTS committed"
     assert Account.objects.get(pk=account.pk).balance == 1
     assert not _held(f"account:{account.pk}")
+
+
+def test_an_async_view_with_stop_on_lost_is_stopped_with_409_and_a_sync_one_is_refused(
+    django_servers: dict[str, str],
+) -> None:
+    @distributed_lock("stop:{pk}", ttl=1, stop_on_lost=True)
+    async def view(request: HttpRequest, pk: int) -> HttpResponse:
+        get_client().force_release(lock_name(f"stop:{pk}"), distlock.current_token() or 0)
+        await asyncio.sleep(30)
+        return HttpResponse("finished")
+
+    started = time.monotonic()
+    response = asyncio.run(view(RequestFactory().post("/stop/1"), pk=1))
+    assert response.status_code == conf()["CONFLICT_STATUS"] and time.monotonic() - started < 10
+    with pytest.raises(distlock.ConfigurationError, match="only an async view can be stopped"):
+
+        @distributed_lock("stop:{pk}", stop_on_lost=True)
+        def sync_view(request: HttpRequest, pk: int) -> None:
+            pass

@@ -1,0 +1,276 @@
+"""Stop on loss: the scopes that stop a body when its lock is lost, ``Lock.scope()`` and ``AsyncLock.scope()``.
+
+Both hang on one registry of the lock (:class:`LostHooks`), called on the thread that finds the loss (mostly the
+keeper's). :class:`TaskScope` cancels the task that entered it, on its loop, and turns that cancellation into
+``LockLost`` at the scope's exit, with ``asyncio.timeout()``'s accounting (``cancelling()``/``uncancel()``), so a
+cancellation from outside stays a ``CancelledError`` and ``TaskGroup``s inside work. :class:`ThreadScope` works in
+the main thread only: it sends :data:`STOP_SIGNAL` to the main thread, whose handler (installed for the scope's
+duration) raises ``LockLost`` at the next bytecode the body runs, and in a blocking call that returns on ``EINTR``
+(``time.sleep()``), as Celery's soft time limit does with SIGUSR1. A signal that is not ours goes to the handler
+installed before. docs/lost.md has the user's view.
+
+What can go wrong: ``ThreadScope`` in another thread raises ``ConfigurationError`` (no signal reaches a thread but
+the main one); a scope on a handle that does not hold raises ``LockNotOwned``, on one lost already ``LockLost``. Code
+that does not return to Python (a C call that retries ``EINTR``), an ``except`` that swallows ``LockLost`` and a
+``finally`` block are not stopped; a forked child is never stopped (the parent's hold is not the child's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ConfigurationError, DistlockError, LockLost
+
+if TYPE_CHECKING:
+    from ._lock import Lock
+
+__all__ = ["STOP_SIGNAL", "LostHooks", "TaskScope", "ThreadScope", "enter_or_release"]
+
+#: The signal that interrupts the main thread when a lock of its ``scope()`` is lost (Celery's soft time limit uses
+#: SIGUSR1; this one stays out of its way). Another handler of it keeps working: signals that are not ours go there.
+STOP_SIGNAL = signal.SIGUSR2
+
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class LostHooks:
+    """A lock's registry of what to call when its current hold is lost: ``Lock._mark_lost`` fires it on the thread
+    that finds the loss (mostly the keeper's, so a hook must not block), ``_become_holder`` resets it. ``first`` is
+    called on every loss of every hold, before the hooks of the hold (the lock's ``on_lost``, deferred)."""
+
+    def __init__(self, first: Callable[[], None]) -> None:
+        self._first = first
+        self._mutex = threading.Lock()
+        self._hooks: list[Callable[[], None]] = []
+        self._fired = False
+
+    def add(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Call ``hook`` once when the hold is lost, at once if it is lost already; returns what unregisters it."""
+        with self._mutex:
+            fired = self._fired
+            if not fired:
+                self._hooks.append(hook)
+        if fired:
+            hook()
+        return functools.partial(self._remove, hook)
+
+    def _remove(self, hook: Callable[[], None]) -> None:
+        with self._mutex:
+            if hook in self._hooks:
+                self._hooks.remove(hook)
+
+    def fire(self) -> None:
+        with self._mutex:
+            self._fired = True
+            hooks, self._hooks = self._hooks, []
+        self._first()
+        for hook in hooks:
+            hook()
+
+    def reset(self) -> None:
+        with self._mutex:
+            self._fired = False
+            self._hooks = []
+
+
+def _lost_error(locks: Sequence[Lock], how: str) -> LockLost:
+    lock = next((lock for lock in locks if lock._lost_reason is not None), locks[0])
+    return LockLost(f"lock {lock.name!r} was lost: {lock._lost_reason or 'reason unknown'}; {how}", name=lock.name)
+
+
+def _unhook_all(unhooks: list[Callable[[], None]]) -> None:
+    while unhooks:
+        unhooks.pop()()
+
+
+# -- the main thread --------------------------------------------------------------------------------------------
+
+#: The scopes entered in the main thread, innermost last, and the handler that was installed before the outermost.
+_entered: list[ThreadScope] = []
+_previous: list[_Handler] = []
+#: Held while a hook sends the signal, and while a scope is disarmed: once disarmed, no signal of its is on its way.
+_sending = threading.Lock()
+#: True once a hook sent the signal, until the last scope is left: while it is true every STOP_SIGNAL counts as ours
+#: (two signals sent at once may arrive as one or as two; the second must not reach a handler that ends the process).
+_signalled = False
+
+
+class ThreadScope:
+    """``with lock.scope():`` in the main thread: ``LockLost`` is raised in the body when a lock is lost.
+
+    The races, in the order they can happen. *Lost before entry*: ``ensure_held()`` raises at once; lost between that
+    check and the hook's registration, the hook runs at registration and marks the scope fired before it is armed,
+    and the check after arming raises. *Lost as the body ends*: ``__exit__`` first disarms the scope under the lock
+    hooks send with, so no signal of this scope is sent after; one sent before may be handled by Python only later
+    (in ``__exit__`` itself, or as ``signal.signal`` restores the previous handler, which runs pending handlers
+    first): the handler declines to raise inside a scope's own exit, and raises for no disarmed scope, so the loss
+    never surfaces after the ``with``. An outer scope whose loss arrived meanwhile raises at the end of the inner's
+    exit, in its own body. *A fork in the body*: the hook of a hold in a forked child never signals (the child's
+    keeper does not watch the parent's lease; the fence refuses the child's stale writes).
+    """
+
+    def __init__(self, locks: Sequence[Lock]) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigurationError(
+                f"lock {locks[0].name!r}: scope() and stop_on_lost=True interrupt the main thread only (by a "
+                "signal); in another thread call lock.ensure_held() before each step instead (fenced writes refuse "
+                "a stale holder's writes anyway), or run the work in asyncio, whose scope cancels the task"
+            )
+        self._locks = locks
+        self._pid = os.getpid()
+        self._armed = False  # True while the body runs: only then does a loss raise
+        self._fired = False  # a lock of the scope was lost
+        self._raised = False  # LockLost was raised for it (once)
+        self._unhooks: list[Callable[[], None]] = []
+
+    def __enter__(self) -> None:
+        for lock in self._locks:
+            lock.ensure_held()
+        if not _entered:
+            previous = signal.signal(STOP_SIGNAL, _on_signal)
+            _previous.append(signal.SIG_DFL if previous is None else previous)  # None: a handler not from Python
+        _entered.append(self)
+        try:
+            self._unhooks.extend(lock._lost_hooks.add(self._lost) for lock in self._locks)
+            self._armed = True
+            if self._fired:  # fired before it was armed: its signal, if any, was declined
+                self._raised = True
+                raise _lost_error(self._locks, "before its scope was entered")
+        except BaseException:
+            self._leave()
+            raise
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        global _signalled
+        with _sending:
+            self._armed = False
+        _unhook_all(self._unhooks)
+        _entered.remove(self)
+        if not _entered:
+            signal.signal(STOP_SIGNAL, _previous.pop())  # runs a pending handler first, while ours is still in place
+            _signalled = False
+        pending = _pending()
+        if pending is not None:  # an outer scope's loss, declined while this one was leaving: raise it in its body
+            pending._raised = True
+            raise _lost_error(pending._locks, "its scope was stopped")
+
+    def _lost(self) -> None:
+        """The hook: on the thread that found the loss."""
+        global _signalled
+        with _sending:
+            self._fired = True
+            if not self._armed or os.getpid() != self._pid:
+                return
+            _signalled = True
+            signal.pthread_kill(threading.main_thread().ident or 0, STOP_SIGNAL)
+
+
+def _pending() -> ThreadScope | None:
+    return next((s for s in reversed(_entered) if s._armed and s._fired and not s._raised), None)
+
+
+_LEAVING = (ThreadScope.__exit__.__code__, ThreadScope._leave.__code__)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if not _signalled:
+        _chain(signum, frame)
+        return
+    outer = frame
+    while outer is not None:
+        if outer.f_code in _LEAVING:
+            return  # a scope is being left: it raises what is pending once it is done (see ThreadScope._leave)
+        outer = outer.f_back
+    pending = _pending()
+    if pending is not None:
+        pending._raised = True
+        raise _lost_error(pending._locks, "its scope was stopped")
+
+
+def _chain(signum: int, frame: FrameType | None) -> None:
+    """Hand a STOP_SIGNAL that is not ours to the handler installed before the first scope."""
+    previous = _previous[0] if _previous else signal.SIG_DFL
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)  # the default action (ends the process), as if we were not there
+        signal.raise_signal(signum)
+
+
+# -- asyncio ----------------------------------------------------------------------------------------------------
+
+
+class TaskScope:
+    """``async with lock.scope():``: the task that entered is cancelled when a lock is lost, and ``LockLost`` raised
+    at the exit (from the ``CancelledError``), as ``asyncio.timeout()`` raises ``TimeoutError``.
+
+    The hook runs on the keeper's thread and only schedules ``_stop`` on the task's loop; ``_stop`` cancels the task
+    only while the body runs, so a loss found as the body ends changes nothing. The task is always suspended inside
+    the body when ``_stop`` runs (the exit sets ``_state`` before it awaits anything), so the cancellation is delivered
+    there, never after the ``async with``. The exit converts only a cancellation of ours: when the task's
+    ``cancelling()`` count is back at what it was on entry after ``uncancel()``, no other cancellation is under way.
+    A forked child runs no loop of the parent's, and its keeper does not watch the parent's lease.
+    """
+
+    def __init__(self, locks: Sequence[Lock]) -> None:
+        self._locks = locks
+        self._state = "created"  # entered, stopping (cancelled by us), exited
+        self._unhooks: list[Callable[[], None]] = []
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise ConfigurationError("an asynchronous lock scope runs inside an asyncio task")
+        self._task, self._loop, self._cancelling = task, asyncio.get_running_loop(), task.cancelling()
+        self._state = "entered"
+        try:
+            self._unhooks.extend(lock._lost_hooks.add(self._lost) for lock in self._locks)
+            for lock in self._locks:  # after: a loss from here on finds the hook
+                lock.ensure_held()
+        except BaseException:
+            self._state = "exited"  # a _stop scheduled by a hook of a lock lost already does nothing
+            _unhook_all(self._unhooks)
+            raise
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        stopping, self._state = self._state == "stopping", "exited"
+        _unhook_all(self._unhooks)
+        uncancelled = stopping and self._task.uncancel() <= self._cancelling  # no other cancellation under way
+        if uncancelled and kind is not None and issubclass(kind, asyncio.CancelledError):
+            raise _lost_error(self._locks, "its task was cancelled") from value
+
+    def _lost(self) -> None:
+        """The hook: on the thread that found the loss."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing runs in it to stop
+            self._loop.call_soon_threadsafe(self._stop)
+
+    def _stop(self) -> None:
+        if self._state == "entered":
+            self._state = "stopping"
+            self._task.cancel(f"distlock: lock {self._locks[0].name!r} was lost")
+
+
+def enter_or_release(scope: ThreadScope, release: Callable[[], None]) -> ThreadScope:
+    """Enter ``scope`` right after acquiring (``stop_on_lost``); if it raises (lost already), release first."""
+    try:
+        scope.__enter__()
+    except BaseException:
+        with contextlib.suppress(DistlockError):
+            release()
+        raise
+    return scope

@@ -1,0 +1,54 @@
+"""A holder whose body writes in a loop under ``stop_on_lost=True``, for tests/contract/test_stop_on_lost.py.
+
+Run as ``python stopworker.py URL NAME TTL sync|async FILE``: takes the lock, prints ``{"token": T}``, then appends
+``write <time> <i>`` lines to FILE every 10 ms in its body (the main thread's, or an asyncio task's); ``lost <time>``
+when ``on_lost`` fires and ``stopped <time>`` when the body was stopped by ``LockLost``. Times are
+``time.monotonic()``. Exits 0 after a stop, 1 if the body ended otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import distlock
+
+
+def main() -> int:
+    url, name, ttl, mode, path = sys.argv[1:]
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - one line buffered file for the whole run
+    lost_at: list[float] = []
+
+    def on_lost(lock: distlock.Lock) -> None:
+        lost_at.append(time.monotonic())  # taken at once; written by the body's end, with the other lines
+        out.write(f"lost {lost_at[0]}\n")
+
+    client = distlock.connect(url)
+    options: distlock.LockOptions = {"ttl": float(ttl), "stop_on_lost": True, "on_lost": on_lost}
+    try:
+        if mode == "sync":
+            with client.lock(name, **options) as lock:
+                print(json.dumps({"token": lock.token}), flush=True)
+                for i in range(100_000):
+                    out.write(f"write {time.monotonic()} {i}\n")
+                    time.sleep(0.01)
+        else:
+
+            async def body() -> None:
+                async with client.async_lock(name, **options) as lock:
+                    print(json.dumps({"token": lock.token}), flush=True)
+                    for i in range(100_000):
+                        out.write(f"write {time.monotonic()} {i}\n")
+                        await asyncio.sleep(0.01)
+
+            asyncio.run(body())
+    except distlock.LockLost:
+        out.write(f"stopped {time.monotonic()}\n")
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
