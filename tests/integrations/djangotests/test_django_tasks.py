@@ -44,7 +44,7 @@ class DbWorker:
         env = {**env, "DJANGO_SETTINGS_MODULE": "djangotests.testsettings"}
         env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env["PYTHONPATH"]])
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "django", "db_worker", "--no-startup-delay", "--no-reload", "--interval", "0.05"],
+            [sys.executable, "-m", "django", "db_worker", "--skip-checks", "--no-startup-delay", "--no-reload", "--interval", "0.05"],
             env=env,
             stdout=subprocess.DEVNULL,
         )
