@@ -4,6 +4,8 @@
   ``with distributed_lock("name"):``;
 - ``DistributedLockMiddleware`` locking around views chosen by ``DISTLOCK["RULES"]``;
 - ``FencedModel``: claim-on-read (``.fenced()``), fenced ``save()``/``delete()``/``create()``/``fenced_update()``;
+- ``@singleton_task("report:{user_id}")`` above Django's ``@task``: one call per key queued or running
+  (``django.tasks``; on Django 5.2 the ``django-tasks`` backport);
 - ``get_client()`` / ``reset_client()``: the process's shared client; ``conf()`` / ``lock_name()``: the settings;
 - ``manage.py distlock`` and a staff-only page (``distlock_django.urls``): the lock inspector.
 
@@ -12,13 +14,15 @@ Add ``"distlock_django"`` to ``INSTALLED_APPS`` for the system checks (and, with
 names of :mod:`distlock` are used here.
 
 What can go wrong: a name of this package used without Django installed raises ``ModuleNotFoundError`` naming the
-``django`` extra (the package itself imports without it); bad settings raise ``ConfigurationError`` when first used
+``django`` extra (the package itself imports without it), and ``singleton_task`` on Django 5.2 without the backport
+names the ``django-tasks`` extra; bad settings raise ``ConfigurationError`` when first used
 (``manage.py check`` reports them first); an unreachable lock service raises ``BackendUnavailable`` from the first lock,
 not at import time; a busy lock, a lost lock or a refused write in a view become 423/409 responses (see
 ``_decorators.py``); a stale write outside a view raises ``StaleFenceToken``.
 """
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
     from ._decorators import distributed_lock
     from ._middleware import DistributedLockMiddleware
     from ._models import FencedManager, FencedModel, FencedQuerySet, fence_of
+    from ._tasks import DuplicateTask, singleton_task
     from .operations import InstallFenceGuard
 
 # Every name is imported on first use: models can only be defined once the app registry is ready (and this package is
@@ -38,6 +43,8 @@ _HOMES = {
     "conf": "_conf",
     "lock_name": "_conf",
     "distributed_lock": "_decorators",
+    "DuplicateTask": "_tasks",
+    "singleton_task": "_tasks",
     "DistributedLockMiddleware": "_middleware",
     "FencedManager": "_models",
     "FencedModel": "_models",
@@ -52,6 +59,8 @@ def __getattr__(name: str) -> Any:
         from distlock import require_extra
 
         require_extra("django", extra="django", integration="distlock_django")
+        if _HOMES[name] == "_tasks" and importlib.util.find_spec("django.tasks") is None:
+            require_extra("django_tasks", extra="django-tasks", integration="distlock_django.singleton_task")
         return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -62,6 +71,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DistributedLockMiddleware",
+    "DuplicateTask",
     "FencedManager",
     "FencedModel",
     "FencedQuerySet",
@@ -72,4 +82,5 @@ __all__ = [
     "get_client",
     "lock_name",
     "reset_client",
+    "singleton_task",
 ]

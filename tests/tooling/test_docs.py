@@ -191,6 +191,7 @@ OTHER_PROJECTS_NAMES = {
     *("AppConfig", "BigIntegerField", "CommonMiddleware", "HttpRequest", "LogEntry", "QuerySet", "MyQuerySet"),
     *("BaseDatabaseCreation", "ModelAdmin", "SecurityMiddleware", "TestCase", "TransactionTestCase"),
     *("AsyncConnection", "AsyncSession", "IntegrityError", "OperationalError", "StaleDataError"),
+    *("ImmediateBackend", "TaskContext", "TaskResult"),  # django.tasks
     *(
         "AsyncResult",
         "EagerResult",

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -59,7 +60,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "distlock_django",
     "djangotests.testapp",
+    "django_tasks_db",  # test_django_tasks.py: django.tasks on the database backend, run by its db_worker
 ]
+if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport
+    INSTALLED_APPS.append("django_tasks")
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
