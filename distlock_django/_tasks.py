@@ -13,8 +13,9 @@ What can go wrong: a template naming no parameter of the function raises ``Inval
 (as does ``@singleton_task`` below ``@task``); arguments that do not fit raise ``TypeError`` at ``enqueue()``; a key
 held by another call makes ``enqueue()`` return that call's ``TaskResult`` or raise :class:`DuplicateTask`; a run
 that finds the key held by another call is skipped (None) or fails with ``DuplicateTask``; an unreachable lock
-service raises ``BackendUnavailable`` from ``enqueue()`` and fails the run. A lock lost mid-run does not stop the
-body: its fenced writes are refused (``StaleFenceToken``). A process that exits ends its reservations.
+service raises ``BackendUnavailable`` from ``enqueue()`` and fails the run. A lock lost mid-run stops the body only with
+``stop_on_lost=True`` (``LockLost``, the run fails); either way its fenced writes are refused (``StaleFenceToken``). A
+process that exits ends its reservations.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class _Spec:
     ttl: float | None
     max_queued: float
     on_duplicate: str
+    stop_on_lost: bool
 
     def name_for(self, task_name: str, args: Any, kwargs: Any) -> str:
         try:
@@ -124,7 +126,12 @@ class _Spec:
 
 
 def singleton_task(
-    key: str, *, ttl: float | None = None, max_queued: float = 300.0, on_duplicate: str = "result"
+    key: str,
+    *,
+    ttl: float | None = None,
+    max_queued: float = 300.0,
+    on_duplicate: str = "result",
+    stop_on_lost: bool = False,
 ) -> Callable[[TaskT], TaskT]:
     """Make a ``django.tasks`` task a singleton per ``key``, a template over its arguments; put it above ``@task``.
 
@@ -132,11 +139,15 @@ def singleton_task(
     renewed while the task runs). ``max_queued`` (default 300 s, after ``run_after``): how long a reservation waits
     for a worker. ``on_duplicate``: ``"result"`` (``enqueue()`` returns the queued or running call's ``TaskResult``,
     or raises :class:`DuplicateTask` when it cannot name one; a run that finds the key held is skipped: None) or
-    ``"raise"`` (``enqueue()`` and such a run raise :class:`DuplicateTask`).
+    ``"raise"`` (``enqueue()`` and such a run raise :class:`DuplicateTask`). ``stop_on_lost``: the run stops with
+    ``LockLost`` when its lock is lost (``Lock.scope()``: a sync function in a worker's main thread, an async one on
+    its event loop; a sync function run in another thread raises ``ConfigurationError``).
     """
     template = KeyTemplate(key)
     if on_duplicate not in ("result", "raise"):
         raise ConfigurationError(f"on_duplicate must be 'result' or 'raise', not {on_duplicate!r}")
+    if not isinstance(stop_on_lost, bool):
+        raise ConfigurationError(f"stop_on_lost must be True or False, not {stop_on_lost!r}")
     ttl = distlock.seconds(ttl, "ttl", allow_none=True)
     max_queued = distlock.seconds(max_queued, "max_queued (how long a reservation waits for a worker)")
 
@@ -150,7 +161,7 @@ def singleton_task(
         signature = inspect.signature(task.func)
         if task.takes_context:
             signature = signature.replace(parameters=list(signature.parameters.values())[1:])
-        spec = _Spec(template, signature, task.takes_context, ttl, max_queued, on_duplicate)
+        spec = _Spec(template, signature, task.takes_context, ttl, max_queued, on_duplicate, stop_on_lost)
         template.check_signature(signature, owner=repr(task.func.__qualname__))
         task_started.connect(_on_task_started, dispatch_uid="distlock_django.singleton_task")
         values = {field.name: getattr(task, field.name) for field in dataclasses.fields(task) if field.init}
@@ -162,7 +173,17 @@ def singleton_task(
 
 def _locked(spec: _Spec, func: Callable[..., Any]) -> Callable[..., Any]:
     """The task's function, run holding its lock (an async function too: the lock is taken outside its loop)."""
-    call = async_to_sync(func) if iscoroutinefunction(func) else func
+
+    def call(lock: distlock.Lock, *args: Any, **kwargs: Any) -> Any:
+        if not iscoroutinefunction(func):
+            with lock.scope() if spec.stop_on_lost else contextlib.nullcontext():
+                return func(*args, **kwargs)
+
+        async def run() -> Any:  # the scope on the function's own loop: a loss cancels it there
+            async with distlock.AsyncLock(lock).scope() if spec.stop_on_lost else contextlib.nullcontext():
+                return await func(*args, **kwargs)
+
+        return async_to_sync(run)()
 
     @functools.wraps(func)
     def locked(*args: Any, **kwargs: Any) -> Any:
@@ -179,7 +200,7 @@ def _locked(spec: _Spec, func: Callable[..., Any]) -> Callable[..., Any]:
         if busy is not None:
             return _duplicate_run(spec, func.__qualname__, name, busy)
         try:
-            result = call(*args, **kwargs)
+            result = call(lock, *args, **kwargs)
         except BaseException:
             _release_quietly(lock)
             raise

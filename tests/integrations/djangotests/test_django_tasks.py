@@ -14,10 +14,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from djangotests.testapp.models import Account
-from djangotests.testapp.tasks import deposit, note
+from djangotests.testapp.tasks import deposit, drain, note
 
 import distlock
 from distlock_django import get_client, lock_name, singleton_task
@@ -37,6 +38,9 @@ def _wait_for(path: Path, what: str) -> str:
     return path.read_text()
 
 
+_POLL = ["--interval", "0.05"]
+
+
 class DbWorker:
     """``manage.py db_worker`` on the test's database, polling every 0.05 s."""
 
@@ -44,7 +48,7 @@ class DbWorker:
         env = {**env, "DJANGO_SETTINGS_MODULE": "djangotests.testsettings"}
         env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env["PYTHONPATH"]])
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "django", "db_worker", "--skip-checks", "--no-startup-delay", "--no-reload", "--interval", "0.05"],
+            [sys.executable, "-m", "django", "db_worker", "--skip-checks", "--no-startup-delay", "--no-reload", *_POLL],
             env=env,
             stdout=subprocess.DEVNULL,
         )
@@ -124,6 +128,35 @@ def test_a_worker_killed_mid_task_frees_the_key_within_its_ttl(
     assert account.balance == 1
 
 
+def _finished(result: Any) -> Any:
+    deadline = time.monotonic() + _BOUND
+    while not result.is_finished:
+        assert time.monotonic() < deadline, f"task {result.id} did not finish within {_BOUND:g} s"
+        time.sleep(0.05)
+        result.refresh()
+    return result
+
+
+def test_a_run_that_stops_on_loss_writes_nothing_more_and_the_next_run_proceeds(
+    worker: DbWorker, tmp_path: Path
+) -> None:
+    name = lock_name("drain:7")
+    stopped = drain.enqueue(7, str(tmp_path))
+    token = int(_wait_for(tmp_path / "started-7", "the run"))
+    assert get_client().force_release(name, token)  # as an operator would: the run's lock is lost
+    assert _finished(stopped).status == "FAILED"
+    assert stopped.errors[-1].exception_class_path.endswith(".LockLost")
+    beats = (tmp_path / f"beat-{token}").read_text()
+
+    (tmp_path / "started-7").unlink()
+    result = drain.enqueue(7, str(tmp_path))
+    assert result.id != stopped.id  # the key is free
+    _wait_for(tmp_path / "started-7", "the next run")
+    (tmp_path / "go-7").touch()
+    assert _finished(result).status == "SUCCESSFUL"
+    assert (tmp_path / f"beat-{token}").read_text() == beats  # the stopped run wrote nothing after its stop
+
+
 @pytest.mark.django_db(databases=[])
 def test_bad_templates_and_arguments_fail_where_they_are_written() -> None:
     with pytest.raises(distlock.InvalidKeyTemplate, match="'user_id', which is not a parameter"):
@@ -138,3 +171,5 @@ def test_bad_templates_and_arguments_fail_where_they_are_written() -> None:
         deposit.enqueue(1)  # type: ignore[call-arg]
     with pytest.raises(distlock.ConfigurationError, match="on_duplicate"):
         singleton_task("report:{pk}", on_duplicate="skip")
+    with pytest.raises(distlock.ConfigurationError, match="stop_on_lost must be True or False"):
+        singleton_task("report:{pk}", stop_on_lost="yes")  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 ``deposit`` adds 1 to an account's balance with a fenced ``save()`` under the task's lock (``account:{pk}``: the
 row's own lock name), after saying it started (``<gate>/started-<pk>``, holding the token) and waiting until the
-test lets it finish (``<gate>/go-<pk>``): the test decides what happens while it runs.
+test lets it finish (``<gate>/go-<pk>``): the test decides what happens while it runs. ``drain`` stops on loss.
 """
 
 from __future__ import annotations
@@ -32,6 +32,20 @@ def deposit(pk: int, gate: str) -> int:
     account.balance += 1
     account.save()
     return int(account.fence_token)
+
+
+@singleton_task("drain:{pk}", ttl=1, stop_on_lost=True)
+@task()
+def drain(pk: int, gate: str) -> str:
+    """Writes a beat (a count, in ``<gate>/beat-<token>``) every 0.02 s until stopped (``LockLost``) or ``go-<pk>``."""
+    token = distlock.current_token()
+    (Path(gate) / f"started-{pk}").write_text(str(token))
+    beats = 0
+    while not (Path(gate) / f"go-{pk}").exists():
+        beats += 1
+        (Path(gate) / f"beat-{token}").write_text(str(beats))
+        time.sleep(0.02)
+    return "finished"
 
 
 @task()
