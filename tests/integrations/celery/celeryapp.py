@@ -166,30 +166,16 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
         record("start", job=job, id=self.request.id, token=self.lock.token)
         raise Ignore()
 
-    @app.task(
-        shared=False,
-        bind=True,
-        base=SingletonTask,
-        name="t.abortable",
-        unique_on=["job"],
-        lock_ttl=TTL,
-        abort_on_lost=True,
-    )
+    aborting: dict[str, Any] = {"shared": False, "bind": True, "base": SingletonTask, "unique_on": ["job"]}
+    aborting.update(lock_ttl=TTL, abort_on_lost=True)
+
+    @app.task(name="t.abortable", **aborting)
     def abortable(self: SingletonTask, job: str, steps: int) -> dict[str, Any]:
         """Writes a step every 20 ms (``steps`` of them), recording each; stopped by LockLost when its lock is lost."""
         return abortable_body(self, job, steps)
 
     @app.task(
-        shared=False,
-        bind=True,
-        base=SingletonTask,
-        name="t.abortable_retry",
-        unique_on=["job"],
-        lock_ttl=TTL,
-        abort_on_lost=True,
-        autoretry_for=(distlock.LockLost,),
-        max_retries=1,
-        default_retry_delay=0,
+        name="t.abortable_retry", autoretry_for=(distlock.LockLost,), max_retries=1, default_retry_delay=0, **aborting
     )
     def abortable_retry(self: SingletonTask, job: str, steps: int) -> dict[str, Any]:
         """As ``t.abortable``, retried once when stopped; the retry writes 3 steps."""
