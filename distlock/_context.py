@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from . import _metrics
 from ._breaker import DEFAULT_FAIL_FAST, Breaker
 from ._errors import ClientClosed, ConfigurationError
-from ._protocol import RECORDS, Backend, Head, Recording
+from ._protocol import RECORDS, Backend, Head, HeadWatching, Interrupt, Recording, Ticket
 from ._session import Keeper
 
 __all__ = ["Context"]
@@ -80,6 +80,15 @@ class Context:
     def head(self, name: str) -> Head | None:
         with self.open_for(f"read lock {name!r}"):
             return self.backend.head(name)
+
+    def watch_head(self, name: str, seen: Ticket | None, timeout: float, interrupt: Interrupt) -> bool:
+        """Wait up to ``timeout`` s for lock ``name``'s head to change from ``seen`` (``HeadWatching.watch_head``);
+        False at once when the backend has no watch, and the caller waits its poll period instead."""
+        if not isinstance(self.backend, HeadWatching):
+            return False
+        with self.open_for(f"watch lock {name!r}"):
+            self.backend.watch_head(name, seen, timeout, interrupt)
+        return True
 
     def release_at(self, name: str, token: int) -> bool:
         """Remove lock ``name``'s head if its token is still ``token``; False when nobody holds it or another does.

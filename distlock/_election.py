@@ -6,7 +6,9 @@ head). ``campaign()`` waits to lead, ``resign()`` steps down (the longest-waitin
 **term** is the leader's fencing token, so the database integrations refuse a deposed leader's writes as they refuse
 a lock's stale holder. A leader that stops answering is deposed when its lease runs out; until it learns so
 (``lost``, ``ensure_held()``, ``on_lost``) it may still believe it leads: the term, not the belief, decides.
-``observe()`` yields the leader each time it changes, reading the head every ``poll`` seconds.
+``observe()`` yields the leader each time it changes: on a backend that can watch a lock's head
+(``HeadWatching``: etcd, ZooKeeper, memory) it waits on the watch and reads again when it fires, else (and at least
+every ``poll`` seconds, in case a watch broke unseen) it reads the head every ``poll`` seconds.
 
 The election keeps one **record** that only the leader writes (``record()``) and the next reads (``recorded()``),
 such as the ticks ``distlock.celery.LeaderScheduler`` sent. Records are the optional ``Recording`` capability of a
@@ -20,6 +22,7 @@ deposed leader's ``record()`` raises ``LockLost``; otherwise as :class:`~distloc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -33,6 +36,7 @@ from ._asynclock import AsyncLock
 from ._errors import ConfigurationError, LockNotAcquired
 from ._lock import Fence, Lock
 from ._lockoptions import LockOptions
+from ._protocol import Head, Interrupt
 from ._seconds import seconds
 from ._stop import TaskScope, ThreadScope, enter_or_release
 
@@ -149,30 +153,75 @@ class Election:
 
     def leader(self) -> Leader | None:
         """Who leads now (asks the server), or None when nobody does."""
+        return _leader_of(self._head())
+
+    def _head(self) -> Head | None:
         self._context.check_open()
-        head = self._context.head(self.name)
-        return None if head is None else Leader(head.holder.owner, head.holder.token)
+        return self._context.head(self.name)
+
+    def _watch(self, seen: Head | None, wait: float, interrupt: Interrupt) -> bool:
+        """Wait up to ``wait`` s on the service's watch for the head to change from ``seen``; False when it has none."""
+        return self._context.watch_head(self.name, None if seen is None else seen.ticket, wait, interrupt)
 
     def observe(
         self, timeout: float | None = None, poll: float = 0.25, stop: threading.Event | None = None
     ) -> Iterator[Leader | None]:
         """Yield the leader now, then again each time it changes (a new term, or None when nobody leads), until
-        ``timeout`` seconds have passed (None: forever) or ``stop`` is set. Reads the holder every ``poll``
-        seconds. A bad ``timeout`` or ``poll`` raises ``ConfigurationError`` here, not at the first step."""
-        return self._follow(_Following(timeout, poll), stop or threading.Event())
+        ``timeout`` seconds have passed (None: forever) or ``stop`` is set. Waits on the service's watch where it
+        has one (etcd, ZooKeeper), reading again when it fires and at least every ``poll`` seconds; elsewhere reads
+        the holder every ``poll`` seconds. A bad ``timeout`` or ``poll`` raises ``ConfigurationError`` here, not at
+        the first step."""
+        return self._follow(_Following(timeout, poll), stop)
 
-    def _follow(self, following: _Following, stop: threading.Event) -> Iterator[Leader | None]:
+    def _follow(self, following: _Following, stop: threading.Event | None) -> Iterator[Leader | None]:
+        pause = stop or threading.Event()
         while True:
-            now = self.leader()
+            head = self._head()
+            now = _leader_of(head)
             if following.changed(now):
                 yield now
             wait = following.pause()
-            if wait is None or stop.wait(wait):
+            if wait is None or pause.is_set():
+                return
+            with _fired_by(stop) as interrupt:
+                watched = self._watch(head, wait, interrupt)
+            if pause.is_set() or (not watched and pause.wait(wait)):
                 return
 
 
 #: The largest record accepted: well inside every backend's request limit (etcd 1.5 MiB, ZooKeeper 1 MiB).
 MAX_RECORD_BYTES = 512 * 1024
+
+
+def _leader_of(head: Head | None) -> Leader | None:
+    return None if head is None else Leader(head.holder.owner, head.holder.token)
+
+
+#: How often a watch's helper thread looks at ``observe()``'s ``stop`` (an Event calls nobody back when set).
+STOP_CHECK = 0.05
+
+
+@contextlib.contextmanager
+def _fired_by(stop: threading.Event | None) -> Iterator[Interrupt]:
+    """An interrupt for one watch, fired within ``STOP_CHECK`` s once ``stop`` is set (a helper thread looks at it
+    while the watch lasts: the watch blocks in the service's client, which only an :class:`Interrupt` wakes)."""
+    interrupt = Interrupt()
+    if stop is None:
+        yield interrupt
+        return
+    done = threading.Event()
+
+    def look() -> None:
+        while not done.is_set():
+            if stop.wait(STOP_CHECK):
+                interrupt.fire("observe() was stopped")
+                return
+
+    threading.Thread(target=look, name="distlock-observe-stop", daemon=True).start()
+    try:
+        yield interrupt
+    finally:
+        done.set()
 
 
 def _record_bytes(value: object) -> bytes:
@@ -274,13 +323,21 @@ class AsyncElection:
 
     async def _follow(self, following: _Following) -> AsyncIterator[Leader | None]:
         while True:
-            now = await self.leader()
+            head = await asyncio.to_thread(self._election._head)
+            now = _leader_of(head)
             if following.changed(now):
                 yield now
             wait = following.pause()
             if wait is None:
                 return
-            await asyncio.sleep(wait)
+            interrupt = Interrupt()
+            try:
+                watched = await asyncio.to_thread(self._election._watch, head, wait, interrupt)
+            except asyncio.CancelledError:
+                interrupt.fire("the observing task was cancelled")  # ends the watch's thread at once
+                raise
+            if not watched:
+                await asyncio.sleep(wait)
 
     async def __aenter__(self) -> Self:
         if not await self.campaign():

@@ -9,8 +9,9 @@ copy of a retried join left. A ticket at the head holds, and its ``token`` stric
 name to the next across client and server restarts. Semaphores and read/write locks share the queue: each entry's
 kind is in its nonce, and ``_shape`` holds the grant rule. Optional capabilities (:class:`Inspectable`,
 :class:`Recording`, entries of other kinds) are declared by the backend (``unsupported``) and checked where a user
-asks for them. Errors: only :mod:`distlock` errors, the client library's as ``__cause__``, after retrying what is
-safe within the request timeout. Each member's docstring says why it exists.
+asks for them; :class:`HeadWatching` only saves reads, so where a backend lacks it the caller polls. Errors: only
+:mod:`distlock` errors, the client library's as ``__cause__``, after retrying what is safe within the request
+timeout. Each member's docstring says why it exists.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "RECORDS",
     "Backend",
     "Head",
+    "HeadWatching",
     "Holder",
     "Inspectable",
     "Interrupt",
@@ -239,6 +241,25 @@ class Recording(Protocol):
 
     def read_record(self, name: str) -> bytes | None:
         """Lock ``name``'s record (every write acknowledged before is seen), or None when none was ever written."""
+
+
+@runtime_checkable
+class HeadWatching(Protocol):
+    """A backend that can wait for a change of a lock's head instead of reading it again and again (an election's
+    followers wait on it in ``observe()``). Optional: ``Context.watch_head`` checks it, and without it the caller
+    reads the head every ``poll`` seconds."""
+
+    def watch_head(self, name: str, seen: Ticket | None, timeout: float, interrupt: Interrupt) -> None:
+        """Block until lock ``name``'s head may no longer be ``seen`` (the head's ticket the caller read last; None:
+        nobody held it), ``timeout`` passes or ``interrupt`` fires. Returning says only "look again".
+
+        The caller read the head *before* this call, so a change in between would come before any watch armed here
+        and never be reported: the caller would wait a full ``timeout`` on a change it missed. So the watch is armed
+        first and the head read again after it (or read at the revision the watch starts from): a change before the
+        arming shows in that read, which returns at once when its head's token is not ``seen``'s; a change after it
+        is the watch's to report. A watch that breaks (connection lost, compacted, refused) returns: the caller's
+        next read decides, and raises if the service stays away.
+        """
 
 
 class Backend(Protocol):

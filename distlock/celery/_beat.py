@@ -10,8 +10,12 @@ from it; before each send it writes the run there with ``election.record()``, wh
 while it still leads, and sends it with the header ``distlock_beat_tick`` = ``"<entry>#<run number>"``. Why no run
 is sent twice, across failovers and frozen leaders: docs/integrations/celery.md, "Beat on a leader".
 
-What can go wrong: at most once, not exactly once (a leader killed between its ledger write and the broker's
-acknowledgement, a send the broker refuses, or a ledger write whose answer was lost loses that run; logged). A
+Each tick of the leader runs in the election's stop-on-loss scope (``election.scope()``, in the main thread): when
+it learns it was deposed (its lease lapsed while it was frozen, or the lock was force-released), ``LockLost`` stops
+the tick at once, and the next tick makes it a candidate again.
+
+What can go wrong: at most once, not exactly once (a leader killed, or deposed, between its ledger write and the
+broker's acknowledgement, a send the broker refuses, or a ledger write whose answer was lost loses that run; logged). A
 failover takes up to the TTL plus one tick. An unreachable lock service stops the sending (logged) until it is back;
 a malformed ledger is logged and replaced. A bad TTL or a non-str election name raises ``ConfigurationError`` when
 the scheduler is created; a name that cannot name a lock, ``InvalidLockName`` at the first tick.
@@ -129,7 +133,16 @@ class LeaderScheduler(Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._leading():
             return min(self.standby_interval, float(self.max_interval or self.standby_interval))
-        return float(super().tick(*args, **kwargs))
+        assert self._candidacy is not None  # _leading() made it
+        election = self._candidacy.election
+        try:
+            with _stopped_on_loss(election):
+                return float(super().tick(*args, **kwargs))
+        except LockLost as e:
+            # Lost mid-tick: the entries not yet sent stay unsent (each would be refused at its ledger write anyway);
+            # the next tick, at once, finds this beat deposed and makes it a candidate again.
+            log.warning("distlock beat: lost %r in term %s mid-tick (%s); stopped sending", self._name, self._term, e)
+            return 0.0
 
     def _leading(self) -> bool:
         """True while this beat leads and has read the ledger of its term; starts or restarts the campaign."""
@@ -208,6 +221,15 @@ class LeaderScheduler(Scheduler):
         if candidacy is not None:
             candidacy.end()
         super().close()
+
+
+def _stopped_on_loss(election: distlock.Election) -> contextlib.AbstractContextManager[None]:
+    """The election's stop-on-loss scope around a tick in the main thread (``celery beat``): a loss raises
+    ``LockLost`` in it at once. In another thread (a beat embedded in a worker with ``-B`` on a thread) no signal
+    reaches the tick: the ledger write still refuses every run a deposed leader would send."""
+    if threading.current_thread() is not threading.main_thread():
+        return contextlib.nullcontext()
+    return election.scope()
 
 
 def _parse_ledger(raw: bytes) -> dict[str, dict[str, Any]]:

@@ -42,6 +42,7 @@ _ATTRIBUTES = {
     "lock_limit": "limit",
     "on_unavailable": "on_unavailable",
     "unavailable_retry_delay": "unavailable_retry_delay",
+    "abort_on_lost": "abort_on_lost",
 }
 #: What ``singleton={...}`` may hold in one call: the task attributes, and ``key`` (a lock name for this call).
 CALL_KEYS = frozenset({*_ATTRIBUTES, "key"})
@@ -57,7 +58,7 @@ class Options:
     ``retry_delay`` the countdown of ``on_duplicate="retry"``, and ``limit`` (None: one) how many runs may hold the
     lock name at once (a semaphore; ``lock_on="run"`` only). ``on_unavailable`` is what a run does when the lock
     service cannot be reached: ``"fail"`` (raise ``BackendUnavailable``) or ``"retry"`` (after
-    ``unavailable_retry_delay``).
+    ``unavailable_retry_delay``). ``abort_on_lost`` raises ``LockLost`` inside the running body when its lock is lost.
     """
 
     lock_on: LockOn = "run"
@@ -70,6 +71,7 @@ class Options:
     limit: int | None = None
     on_unavailable: OnUnavailable = "fail"
     unavailable_retry_delay: float = 5.0
+    abort_on_lost: bool = False
 
     @property
     def queued_for(self) -> float:
@@ -109,6 +111,8 @@ class Options:
             raise ConfigurationError(
                 f"{where}: on_unavailable must be 'fail' or 'retry', not {fields['on_unavailable']!r}"
             )
+        if not isinstance(fields.get("abort_on_lost", self.abort_on_lost), bool):
+            raise ConfigurationError(f"{where}: abort_on_lost must be True or False, not {fields['abort_on_lost']!r}")
         options = dataclasses.replace(self, **fields)
         seconds(options.ttl, f"{where}: lock_ttl (the lease length)")
         seconds(options.timeout, f"{where}: lock_timeout (how long a worker waits for a busy lock)", allow_zero=True)

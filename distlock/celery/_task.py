@@ -11,18 +11,21 @@ What can go wrong: a call whose lock another task holds is a duplicate (skipped,
 run that cannot reach the lock service fails with ``BackendUnavailable`` or, with ``on_unavailable="retry"``, is
 retried (``self.retry``, counted against ``max_retries``); a
 redelivered copy of a task that still holds the lock waits up to ``ttl`` plus a grace period for a dead holder's
-lease to lapse and is dropped (``Ignore``) if the holder lives: never run beside it. A lock lost mid-run cannot stop
-the body: only fenced writes stay safe, and the release logs an error. ``send_task()`` bypasses this class in the
-sender: no enqueue-time check or reservation, duplicates are only found when they run.
+lease to lapse and is dropped (``Ignore``) if the holder lives: never run beside it. A lock lost mid-run stops the
+body only with ``abort_on_lost=True`` (``LockLost`` raised in it, prefork and solo pools; ``ConfigurationError`` on
+the others): otherwise only fenced writes stay safe, and the release logs an error. ``send_task()`` bypasses this
+class in the sender: no enqueue-time check or reservation, duplicates are only found when they run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import datetime as dt
 import inspect
 import logging
+import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -142,6 +145,10 @@ class SingletonTask(Task):  # type: ignore[type-arg]
       once while the client fails fast): ``"fail"`` (default; the task fails with it) or ``"retry"``
       (``self.retry()`` after ``unavailable_retry_delay`` s, default 5, counted against ``max_retries``; a direct
       call raises). The body does not run either way. ``apply_async`` with ``lock_on="enqueue"`` always raises it.
+    - ``abort_on_lost`` (default False): when the run's lock is lost (its lease lapsed, ``lock_max_hold`` passed, or
+      it was force-released), raise ``LockLost`` inside the running body (``self.lock.scope()``, by a signal to the
+      main thread: prefork and solo pools only; elsewhere the run raises ``ConfigurationError``). The task fails with
+      it, or retries with ``autoretry_for=(LockLost,)``; the lock is free for the next run.
     """
 
     unique_on: ClassVar[object] = None
@@ -155,6 +162,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     lock_limit: ClassVar[int | None] = None
     on_unavailable: ClassVar[str | None] = None
     unavailable_retry_delay: ClassVar[float | None] = None
+    abort_on_lost: ClassVar[bool | None] = None
 
     _singleton_options: ClassVar[Options] = Options()
     _singleton_keys: ClassVar[KeySpec | None] = None
@@ -284,6 +292,14 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         overrides = {k: v for k, v in dict(header.get("options") or {}).items() if k != "key"}
         effective = self._singleton_options.merged(overrides, where)
         name = header.get("key") or self.singleton_key(args, kwargs)
+        if effective.abort_on_lost and threading.current_thread() is not threading.main_thread():
+            raise ConfigurationError(
+                f"{where}: abort_on_lost=True stops the body with a signal, which reaches only the process's main "
+                "thread: it works on the prefork and solo pools (and in a direct call from the main thread), not "
+                f"in thread {threading.current_thread().name!r} (the threads, gevent and eventlet pools). There, "
+                "call self.lock.ensure_held() between the steps of the task instead (fenced writes are refused "
+                "after a loss anyway)"
+            )
         options: distlock.LockOptions = {
             "ttl": effective.ttl,
             "max_hold": effective.max_hold,
@@ -309,7 +325,10 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         _runs.set((*_runs.get(), run))
         keep_for: float | None = None  # set when the lock passes to a retry message
         try:
-            return super().__call__(*args, **kwargs)
+            # abort_on_lost: a loss raises LockLost in the body (a signal to this, the main, thread), and the task
+            # fails with it, or retries when it is in autoretry_for; the release then finds the lock gone (logged).
+            with lock.scope() if effective.abort_on_lost else contextlib.nullcontext():
+                return super().__call__(*args, **kwargs)
         except Retry:
             keep_for = run.retry_hold_for
             raise

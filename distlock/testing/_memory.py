@@ -24,10 +24,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _clock
 from .._errors import ClientClosed, ConfigurationError
@@ -48,6 +48,8 @@ from .._shape import holding, kind_of, lock_state, refuse_mixed, waiting
 from ..backends import Scheme, _url
 
 __all__ = ["MemoryBackend", "MemoryConfig", "parse"]
+
+_T = TypeVar("_T")
 
 #: The longest a blocked ``wait`` sleeps at once (``Condition.wait`` refuses timeouts past ``TIMEOUT_MAX``).
 _MAX_SLEEP = 60.0
@@ -207,6 +209,7 @@ class MemoryBackend:
             refuse_mixed(name, kind, (entry.kind for entry in queue))
             entry = _Entry(key=key, token=server.next_number(), lease_id=lease_id, kind=kind, owner=owner)
             queue.append(entry)
+            server.cond.notify_all()  # a head watch of an empty queue
             ticket = Ticket(name=name, key=key, token=entry.token, lease_id=lease_id)
             return ticket, _position(queue, ticket)
 
@@ -218,6 +221,28 @@ class MemoryBackend:
     def wait(self, ticket: Ticket, position: Position, timeout: float | None, interrupt: Interrupt) -> Position | None:
         """Block until the ticket's position differs from ``position`` (returned), ``timeout`` passes or
         ``interrupt`` fires (None); wakes at every removal and at the earliest lease deadline of the queue."""
+
+        def moved(queue: list[_Entry]) -> Position | None:
+            now = _position(queue, ticket)
+            return now if now != position else None
+
+        return self._block(ticket.name, moved, timeout, interrupt)
+
+    def watch_head(self, name: str, seen: Ticket | None, timeout: float, interrupt: Interrupt) -> None:
+        """Block until the queue's first entry is not ``seen``'s (by token), ``timeout`` passes or ``interrupt``
+        fires. The check and the wait are one step under the server's condition: no change slips between them."""
+        token = None if seen is None else seen.token
+
+        def changed(queue: list[_Entry]) -> bool | None:
+            return True if (queue[0].token if queue else None) != token else None
+
+        self._block(name, changed, timeout, interrupt)
+
+    def _block(
+        self, name: str, changed: Callable[[list[_Entry]], _T | None], timeout: float | None, interrupt: Interrupt
+    ) -> _T | None:
+        """Block until ``changed(queue)`` of lock ``name`` is not None (returned), ``timeout`` passes or
+        ``interrupt`` fires (None); looks again at every join and removal and at the earliest lease deadline."""
         deadline = None if timeout is None else _clock.now() + timeout
         server = self._server
 
@@ -230,9 +255,9 @@ class MemoryBackend:
             with server.cond:
                 while not (interrupt.fired or self._closed):
                     server.expire()
-                    queue = server.queues.get((self._prefix, ticket.name), [])
-                    now = _position(queue, ticket)
-                    if now != position:
+                    queue = server.queues.get((self._prefix, name), [])
+                    now = changed(queue)
+                    if now is not None:
                         return now
                     moment = _clock.now()
                     if deadline is not None and moment >= deadline:

@@ -17,6 +17,7 @@ from test_force_release import engine  # noqa: F401 (a fixture, used by name)
 
 import distlock
 from distlock import Leader
+from distlock._protocol import Interrupt
 from distlock_sqla import claim_one
 
 TTL = 3
@@ -60,7 +61,63 @@ def test_a_follower_observes_every_change_of_leader(client: distlock.Client, loc
     finally:
         stop.set()
         thread.join(10)
-    assert seen[0] is None and seen[1].value == "alpha" and seen[-1].value == "beta"  # type: ignore[union-attr]
+    assert seen[0] is None and [leader.value for leader in seen if leader is not None] == ["alpha", "beta"]
+
+
+#: A change of leader shows this soon on a watch (well under ``POLL``: without the watch, observe() would not see it).
+WATCHED_WITHIN = 5.0
+POLL = 30.0
+
+
+@pytest.mark.parametrize("backend", ["memory", "etcd", "zookeeper", "redis"], indirect=True)
+def test_a_follower_waits_on_the_service_watch_and_polls_without_one(
+    client: distlock.Client, lock_name: str, backend: str
+) -> None:
+    # etcd, ZooKeeper and memory watch the head (poll is only a safety net: 30 s here); Redis has no watch and
+    # reads every poll (0.2 s here): both see each change well within WATCHED_WITHIN.
+    poll = 0.2 if backend == "redis" else POLL
+    seen: list[Leader | None] = []
+    stop = threading.Event()
+    follower = client.election(lock_name, value="follower")
+    thread = threading.Thread(target=lambda: seen.extend(follower.observe(poll=poll, stop=stop)))
+    thread.start()
+    took = []
+    try:
+        wait_until(lambda: seen == [None], WATCHED_WITHIN, "the follower to see nobody leading")
+        alpha = client.election(lock_name, value="alpha", ttl=10)
+        beta = client.election(lock_name, value="beta", ttl=10)
+        assert alpha.campaign()
+        took.append(wait_until(lambda: len(seen) == 2, WATCHED_WITHIN, "the follower to see alpha lead"))
+        waiting = threading.Thread(target=beta.campaign, args=(10,))
+        waiting.start()
+        wait_until(lambda: getattr(client.holder(lock_name), "waiters", 0) == 1, 10, "beta to wait behind alpha")
+        alpha.resign()
+        took.append(wait_until(lambda: len(seen) == 3, WATCHED_WITHIN, "the follower to see beta lead"))
+        waiting.join(10)
+        assert seen[1:] == [Leader("alpha", seen[1].term), Leader("beta", beta.term)]  # type: ignore[union-attr]
+        beta.resign()
+        took.append(wait_until(lambda: len(seen) == 4, WATCHED_WITHIN, "the follower to see nobody lead"))
+    finally:
+        stop.set()
+        thread.join(WATCHED_WITHIN)
+    assert not thread.is_alive(), "stop ends a follower's watch at once, not after poll"
+    assert seen[-1] is None
+    print(f"{backend}: changes of leader observed after {', '.join(f'{t:.3f}' for t in took)} s (poll={poll:g})")
+
+
+@pytest.mark.parametrize("backend", ["memory", "etcd", "zookeeper"], indirect=True)
+def test_a_head_watch_returns_at_once_when_the_head_changed_before_it_was_armed(
+    client: distlock.Client, lock_name: str
+) -> None:
+    # The race a watch must not lose: the follower reads the head, the head changes, then the watch is armed.
+    alpha = client.election(lock_name, value="alpha", ttl=10)
+    assert alpha.campaign()
+    seen = client._context.head(lock_name)
+    assert seen is not None
+    alpha.resign()
+    started = time.monotonic()
+    assert client._context.watch_head(lock_name, seen.ticket, POLL, Interrupt())
+    assert time.monotonic() - started < WATCHED_WITHIN
 
 
 def test_asyncio_candidates_and_followers(client: distlock.Client, lock_name: str) -> None:

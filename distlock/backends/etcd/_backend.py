@@ -364,6 +364,27 @@ class EtcdBackend:
             handle = functools.partial(ahead_watch, read_place, position, read_at)
         return self._watches.follow(member, create, handle, timeout, interrupt, f"watch for lock {ticket.name!r}")
 
+    def watch_head(self, name: str, seen: Ticket | None, timeout: float, interrupt: Interrupt) -> None:
+        # One watch on the lock's queue (its range, not the record beside it). The caller read the head before this
+        # call, and a watch from "now" reports nothing that came before it: a holder deposed between that read and
+        # the watch's start would go unseen until the next poll. So once etcd confirms the watch (its ``created``
+        # answer: every later change is reported), the head is read again, and a head that is not ``seen`` returns
+        # at once. While a head exists only a deletion can change it (a new key has a larger create revision and
+        # queues behind), so puts are left out; with none, the first put is the news.
+        prefix = self._lock_prefix(name)
+        filters = [] if seen is None else [etcdrpc.WatchCreateRequest.NOPUT]
+        create = etcdrpc.WatchCreateRequest(key=prefix, range_end=prefix_end(prefix), filters=filters)
+        token = None if seen is None else seen.token
+
+        def handle(response: Any) -> bool | None:
+            if response.created:
+                head = self.head(name)
+                return False if (None if head is None else head.ticket.token) == token else None
+            return None if response.events else False  # None: look again; False: watch on
+
+        what = f"watch the head of lock {name!r}"
+        self._watches.follow(self._channels.member(), create, handle, timeout, interrupt, what)
+
     def dequeue(self, ticket: Ticket) -> bool:
         request = etcdrpc.TxnRequest(
             compare=[_still_there(ticket)],

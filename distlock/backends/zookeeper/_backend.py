@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -92,6 +92,30 @@ def _entry_prefix(nonce: str, lease_id: int) -> str:
     seat, which starts after that seat's delete is known done.
     """
     return f"{nonce}-{lease_id:x}-"
+
+
+@contextlib.contextmanager
+def _woken_by_change(client: KazooClient, interrupt: Interrupt) -> Iterator[threading.Event]:
+    """An event set by a change of ``client``'s connection state or by ``interrupt``; a watch set with
+    ``on_change(event)`` sets it too. Whoever waits on it reads again after: the event says only "look again"."""
+    woken = threading.Event()
+
+    def on_state(state: str) -> bool:
+        woken.set()
+        return True
+
+    client.add_listener(on_state)
+    unregister = interrupt.on_fire(woken.set)
+    try:
+        yield woken
+    finally:
+        unregister()
+        client.remove_listener(on_state)
+
+
+def _on_change(woken: threading.Event) -> Callable[[Any], None]:
+    """A kazoo watch that sets ``woken``."""
+    return lambda event: woken.set()
 
 
 class ZooKeeperBackend:
@@ -262,37 +286,49 @@ class ZooKeeperBackend:
         # A watch on the node ahead fires once, when it is deleted; a change of the connection's state wakes us too
         # (the caller reads its place again, and that read raises when the service stays away).
         client = self._sessions.reader(ticket)
-        woken = threading.Event()
-
-        def on_state(state: str) -> bool:
-            woken.set()
-            return True
-
-        client.add_listener(on_state)
-        unregister = interrupt.on_fire(woken.set)
         patience = self._sessions.request_timeout if timeout is None else min(timeout, self._sessions.request_timeout)
-        try:
+        with _woken_by_change(client, interrupt) as woken:
             try:
                 if isinstance(position, SemaphorePosition):
                     # A semaphore waiter: any change to the queue may be the one that lets it hold. If the entries
                     # ahead changed since its read, a deletion may have come before the watch: look again now.
                     parent, _, mine = ticket.key.decode("utf-8").rpartition("/")
-                    children = client.get_children_async(parent, watch=lambda event: woken.set()).get(timeout=patience)
+                    children = client.get_children_async(parent, watch=_on_change(woken)).get(timeout=patience)
                     queue = queue_order(children)
                     if mine not in queue or tuple(queue[: queue.index(mine)]) != position.queue_ahead:
                         return None
                 else:
                     ahead = position.ahead.decode("utf-8")
-                    stat = client.exists_async(ahead, watch=lambda event: woken.set()).get(timeout=patience)
+                    stat = client.exists_async(ahead, watch=_on_change(woken)).get(timeout=patience)
                     if stat is None:
                         return None  # already gone
             except (kz.KazooException, KazooTimeoutError):
                 return None  # the caller's next read retries, and raises if the service stays away
             woken.wait(timeout)
-        finally:
-            unregister()
-            client.remove_listener(on_state)
         return None
+
+    def watch_head(self, name: str, seen: Ticket | None, timeout: float, interrupt: Interrupt) -> None:
+        # A watch on the lock node's children fires at the next join or leave (the lock node's deletion too); with
+        # no lock node, one on its existence fires when a join makes it. The caller read the head before this call,
+        # and a watch reports only what comes after it is set: so it is set first, then the head is read again
+        # (after a sync, as ``head`` does), and a head that is not ``seen`` returns at once. A change of the
+        # connection's state wakes us too: the caller's next read raises when the service stays away.
+        client = self._sessions.main()
+        parent = self._lock_path(name)
+        patience = min(timeout, self._sessions.request_timeout)
+        with _woken_by_change(client, interrupt) as woken:
+            try:
+                try:
+                    client.get_children_async(parent, watch=_on_change(woken)).get(timeout=patience)
+                except kz.NoNodeError:
+                    if client.exists_async(parent, watch=_on_change(woken)).get(timeout=patience) is not None:
+                        return  # made meanwhile: look again
+            except (kz.KazooException, KazooTimeoutError):
+                return  # the caller's next read retries, and raises if the service stays away
+            head = self.head(name)
+            if (None if head is None else head.ticket.token) != (None if seen is None else seen.token):
+                return
+            woken.wait(timeout)
 
     def dequeue(self, ticket: Ticket) -> bool:
         what = f"release lock {ticket.name!r}"

@@ -6,15 +6,19 @@ consumes it, so the test reads every message the beats sent from the broker's li
 
 ``$DISTLOCK_BEAT_TEST_PAUSE`` names a file: a beat whose pid is written there stops itself (SIGSTOP) when it is about
 to send, after its tick found it leading and before it records the run: the worst moment for a pause, made certain.
+Each beat appends what it did to ``$DISTLOCK_BEAT_TEST_EVENTS`` (JSON lines on ``time.monotonic()``, one clock for
+every process): ``sent`` after each message, ``deposed`` when it finds it no longer leads.
 ``DISTLOCK_BEAT_TEST_UNFENCED=1`` turns the ledger write off (the leader sends without asking the lock service), to
 show that the test catches a run sent twice without it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,27 @@ from distlock.celery import LeaderScheduler
 TTL = 2.0
 
 
+def record(event: str, **fields: Any) -> None:
+    line = json.dumps({"event": event, "t": time.monotonic(), "pid": os.getpid(), **fields}) + "\n"
+    path = os.environ.get("DISTLOCK_BEAT_TEST_EVENTS")
+    if path:
+        with open(path, "a") as events:
+            events.write(line)
+
+
 class PausingScheduler(LeaderScheduler):
+    def apply_async(self, entry: ScheduleEntry, *args: Any, **kwargs: Any) -> Any:
+        result = super().apply_async(entry, *args, **kwargs)
+        record("sent", term=self._term)
+        return result
+
+    def _leading(self) -> bool:
+        term = self._term
+        leading = super()._leading()
+        if term is not None and self._term is None:
+            record("deposed", term=term)
+        return leading
+
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         pause = Path(os.environ["DISTLOCK_BEAT_TEST_PAUSE"])
         if pause.exists() and pause.read_text().strip() == str(os.getpid()):

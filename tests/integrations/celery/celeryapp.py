@@ -166,6 +166,34 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
         record("start", job=job, id=self.request.id, token=self.lock.token)
         raise Ignore()
 
+    aborting: dict[str, Any] = {"shared": False, "bind": True, "base": SingletonTask, "unique_on": ["job"]}
+    aborting.update(lock_ttl=TTL, abort_on_lost=True)
+
+    @app.task(name="t.abortable", **aborting)
+    def abortable(self: SingletonTask, job: str, steps: int) -> dict[str, Any]:
+        """Writes a step every 20 ms (``steps`` of them), recording each; stopped by LockLost when its lock is lost."""
+        return abortable_body(self, job, steps)
+
+    @app.task(
+        name="t.abortable_retry", autoretry_for=(distlock.LockLost,), max_retries=1, default_retry_delay=0, **aborting
+    )
+    def abortable_retry(self: SingletonTask, job: str, steps: int) -> dict[str, Any]:
+        """As ``t.abortable``, retried once when stopped; the retry writes 3 steps."""
+        return abortable_body(self, job, 3 if self.request.retries else steps)
+
+    def abortable_body(self: SingletonTask, job: str, steps: int) -> dict[str, Any]:
+        token = self.lock.token
+        record("start", job=job, id=self.request.id, token=token)
+        try:
+            for step in range(steps):
+                record("write", job=job, id=self.request.id, token=token, step=step)
+                time.sleep(0.02)
+        except BaseException as e:
+            record("stopped", job=job, id=self.request.id, token=token, error=type(e).__name__)
+            raise
+        record("end", job=job, id=self.request.id, token=token)
+        return {"token": token, "retries": self.request.retries}
+
     @app.task(shared=False, bind=True, name="t.plain")
     def plain(self: Task, job: str, seconds: float) -> int:  # type: ignore[type-arg]
         """A plain task (no lock): keeps a worker process busy, and shows what overlap looks like."""
@@ -179,7 +207,21 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
         return "pong"
 
     # The decorators register the tasks; keep the linters from calling the names unused.
-    del work, hold, crash, crash_late, queued, retrying, lease, overstay, ignore, plain, ping
+    del (
+        work,
+        hold,
+        crash,
+        crash_late,
+        queued,
+        retrying,
+        lease,
+        overstay,
+        ignore,
+        abortable,
+        abortable_retry,
+        plain,
+        ping,
+    )
     return app
 
 

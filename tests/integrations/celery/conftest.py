@@ -167,9 +167,11 @@ def start_celery_worker() -> Callable[[tuple[str, str, str, str], Celery, Events
 
 
 @contextlib.contextmanager
-def run_worker(urls: tuple[str, str, str, str], app: Celery, events: Events, log_dir: Path) -> Iterator[CeleryWorker]:
-    """A worker of the test app on ``urls`` (broker, result backend, lock service, queue), answering ``app``'s
-    ping before it is handed out, and stopped afterwards."""
+def run_worker(
+    urls: tuple[str, str, str, str], app: Celery, events: Events, log_dir: Path, pool: str = "prefork"
+) -> Iterator[CeleryWorker]:
+    """A worker of the test app on ``urls`` (broker, result backend, lock service, queue) with ``pool`` (prefork:
+    2 processes), answering ``app``'s ping before it is handed out, and stopped afterwards."""
     broker, backend, lock_url, queue = urls
     log_path = log_dir / "worker.log"
     env = child_env()
@@ -183,7 +185,7 @@ def run_worker(urls: tuple[str, str, str, str], app: Celery, events: Events, log
         }
     )
     os.environ[testapp.EVENTS_ENV] = str(events.path)
-    command = [sys.executable, str(HERE / "celeryapp.py"), "worker", "--pool=prefork", "--concurrency=2"]
+    command = [sys.executable, str(HERE / "celeryapp.py"), "worker", f"--pool={pool}", "--concurrency=2"]
     command += ["--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", queue]
     command += [f"--hostname={queue}@%h"]
     with log_path.open("wb") as log:

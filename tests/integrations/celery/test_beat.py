@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -48,6 +49,7 @@ class Beats:
                 "DISTLOCK_BEAT_TEST_QUEUE": self.queue,
                 "DISTLOCK_BEAT_TEST_ELECTION": self.election,
                 "DISTLOCK_BEAT_TEST_PAUSE": str(self.pause_file),
+                "DISTLOCK_BEAT_TEST_EVENTS": str(tmp / "events.jsonl"),
             }
         )
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -60,6 +62,12 @@ class Beats:
             process = subprocess.Popen(command, cwd=HERE, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.processes.append(process)
         return process
+
+    def events(self, pid: int) -> list[dict[str, Any]]:
+        """What beat ``pid`` did (see ``beatapp.record``)."""
+        path = Path(self.env["DISTLOCK_BEAT_TEST_EVENTS"])
+        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return [event for event in events if event["pid"] == pid]
 
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(
@@ -218,6 +226,7 @@ def _run(beats: Beats, election: distlock.Election) -> None:
     wait_until(lambda: _leader_pid(election) not in (None, leader), TTL + 5, "a third beat to lead")
     time.sleep(5)  # the third leader sends some runs first
     os.kill(leader, signal.SIGCONT)
+    thawed_at, frozen = time.monotonic(), leader
 
     time.sleep(max(0.0, started + RUN_FOR - time.monotonic()))
     beats.stop()
@@ -231,4 +240,15 @@ def _run(beats: Beats, election: distlock.Election) -> None:
     terms = [term for _, term in sorted(runs)]
     assert terms == sorted(terms), f"a run of an earlier term after a later term's: {sorted(runs)}"
     assert len(set(terms)) >= 3, f"three leaders expected, terms {sorted(set(terms))}"
-    assert "not sent: no longer leading" in beats.logs(tail=10**7)  # the frozen leader knew, and kept its run to itself
+    # The frozen leader, thawed, learns it was deposed (its lease lapsed while it was stopped) and sends nothing more.
+    events = beats.events(frozen)
+    deposed = [event["t"] for event in events if event["event"] == "deposed" and event["t"] >= thawed_at]
+    sent = [event["t"] for event in events if event["event"] == "sent"]
+    assert deposed, f"the thawed leader never found it was deposed\n{beats.logs()}"
+    assert not [t for t in sent if t >= thawed_at], f"the deposed leader sent after its thaw\n{beats.logs()}"
+    assert deposed[0] - thawed_at < 10, f"deposed only {deposed[0] - thawed_at:.1f} s after its thaw"
+    logs = beats.logs(tail=10**7)
+    how = "the scope stopped its tick" if "mid-tick" in logs else "its ledger write was refused"
+    last = f"{thawed_at - max(sent):.3f} s before" if sent else "never"
+    print(f"deposed leader: loss found {deposed[0] - thawed_at:.3f} s after its thaw ({how}); last send {last} it")
+    assert "not sent: no longer leading" in logs or "mid-tick" in logs  # it knew, and kept its run to itself
