@@ -26,6 +26,7 @@ SMOKES = {
     "etcd": ("smoke_etcd.py", "etcd"),
     "etcd,sqlalchemy": ("smoke_sqlalchemy.py", "etcd"),
     "etcd,django": ("smoke_django.py", "etcd"),
+    "etcd,django-tasks": ("smoke_django_tasks.py", "etcd"),
     "etcd,celery": ("smoke_celery.py", "etcd"),
     "etcd,otel": ("smoke_otel.py", "etcd"),
     "redis": ("smoke_redis.py", "redis"),

@@ -1,5 +1,5 @@
 """Smoke test of ``distlock-fenced[etcd,django]`` installed alone: system checks, a decorated view, a fenced model's
-claim and save on SQLite. Argument: an etcd URL."""
+claim and save on SQLite; ``singleton_task`` without the django-tasks extra names it. Argument: an etcd URL."""
 
 import sys
 
@@ -49,5 +49,12 @@ account = Account.objects.get(pk=1)
 assert account.fence_token > 0
 with distributed_lock("other"):
     assert distlock.current_lock() is not None
+if sys.version_info < (3, 12):  # no django.tasks before Django 6, and its backport is the django-tasks extra's
+    missing: Exception | None = None
+    try:
+        from distlock_django import singleton_task  # noqa: F401
+    except ModuleNotFoundError as e:
+        missing = e
+    assert missing is not None and "distlock-fenced[django-tasks]" in str(missing), missing
 get_client().close()
 print("ok")
