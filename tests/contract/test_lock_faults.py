@@ -138,8 +138,8 @@ def test_a_wait_outlives_an_outage_longer_than_its_lease(lock_server: LockServer
     """A server that stalls for three times the lease: the holder may lose the lock (its lease ran out on the
     server), and a waiter whose lease ran out too queues again with a new one: it gets the lock within its own
     timeout, not an error, once the service answers again and the holder is gone."""
-    ttl = 4
-    with distlock.connect(lock_server.url, request_timeout=30) as client:
+    ttl = TTL  # the outage, 3 x ttl, outlasts connect_timeout too: a session opened in it waits for the server
+    with distlock.connect(lock_server.url, request_timeout=30, connect_timeout=2) as client:
         holder = client.lock(lock_name, ttl=ttl)
         assert holder.acquire()
         waiter = client.lock(lock_name, ttl=ttl)
