@@ -29,6 +29,8 @@ from distlock_sqla import claim_one
 #: Long enough that no lease in these tests expires while its holder is frozen: what ends a hold here is the force
 #: release, never the TTL. Refreshes (and so the holder's check of its keys) come every TTL/3 = 5 s.
 TTL = 15
+#: Where no holder is frozen: the holder finds its key removed at its next refresh, within UNFROZEN_TTL / 3 = 2 s.
+UNFROZEN_TTL = 6
 FORCED = "its key was removed while its lease lived"
 
 
@@ -55,11 +57,11 @@ def test_the_holders_token_releases_it_the_next_waiter_gets_it_and_the_holder_se
     client: distlock.Client, operator: distlock.Client, backend_url: str, lock_name: str
 ) -> None:
     lost: list[distlock.Lock] = []
-    other = client.lock(f"{lock_name}/other", ttl=TTL)  # on the same lease as the holder
-    holder = client.lock(lock_name, ttl=TTL, on_lost=lost.append)
+    other = client.lock(f"{lock_name}/other", ttl=UNFROZEN_TTL)  # on the same lease as the holder
+    holder = client.lock(lock_name, ttl=UNFROZEN_TTL, on_lost=lost.append)
     assert other.acquire() and holder.acquire()
     with distlock.connect(backend_url) as waiting:
-        waiter = waiting.lock(lock_name, ttl=TTL)
+        waiter = waiting.lock(lock_name, ttl=UNFROZEN_TTL)
         thread, acquired = _wait_in_thread(waiter)
         wait_until(lambda: queued(operator, lock_name, 1), 10, "the waiter to queue")
 
@@ -68,7 +70,7 @@ def test_the_holders_token_releases_it_the_next_waiter_gets_it_and_the_holder_se
         assert acquired.wait(10), "the next waiter did not get the lock"
         thread.join(10)
         assert waiter.token > holder.token
-        wait_until(lambda: holder.lost, TTL, "the holder to see its lock lost")
+        wait_until(lambda: holder.lost, UNFROZEN_TTL, "the holder to see its lock lost")
         assert holder.lost_event.is_set()
         with pytest.raises(distlock.LockLost, match=FORCED):
             holder.ensure_held()
