@@ -17,13 +17,13 @@ import signal
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from _support import wait_until
 from celery import Celery
 
-from distlock.celery import get_client
+from distlock.celery import SingletonTask, get_client
 
 if TYPE_CHECKING:
     from celery.conftest import CeleryWorker, Events
@@ -66,25 +66,30 @@ def test_a_task_id_runs_once_across_redeliveries_and_twice_without_once(
     for kind in kinds:
         barriers[kind].mkdir()
         results[kind] = app.tasks[f"t.{kind}"].delay(jobs[kind], str(barriers[kind]))
-    names = {kind: app.tasks[f"t.{kind}"].singleton_key((jobs[kind], "")) for kind in kinds}
+    tasks = {kind: app.tasks[f"t.{kind}"] for kind in kinds}
+    assert all(isinstance(task, SingletonTask) for task in tasks.values())
+    names = {kind: cast(SingletonTask, tasks[kind]).singleton_key((jobs[kind], "")) for kind in kinds}
 
-    def starts(kind: str) -> int:
-        return len(celery_events.of(jobs[kind], "start"))
+    def starts(kind: str, count: int) -> Callable[[], bool]:
+        return lambda: len(celery_events.of(jobs[kind], "start")) == count
 
     for kind in kinds:  # the first runs: SIGKILLed mid-task
-        wait_until(lambda: starts(kind) == 1, 30, f"the first run of t.{kind}")
+        wait_until(starts(kind, 1), 30, f"the first run of t.{kind}")
         victim = celery_events.runs(jobs[kind])[0]
         assert victim.event["first"] is True and victim.pid != worker.process.pid
         os.kill(victim.pid, signal.SIGKILL)
     for kind in kinds:  # their redelivery runs (the body did not finish), once the dead lease lapsed
-        wait_until(lambda: starts(kind) == 2, 30, f"the redelivered t.{kind} to run")
+        wait_until(starts(kind, 2), 30, f"the redelivered t.{kind} to run")
 
-    def copy_waits(kind: str) -> bool:
-        holder = client.holder(names[kind])
-        return holder is not None and holder.token == celery_events.runs(jobs[kind])[1].token and holder.waiters > 0
+    def copy_waits(kind: str) -> Callable[[], bool]:
+        def waits() -> bool:
+            holder = client.holder(names[kind])
+            return holder is not None and holder.token == celery_events.runs(jobs[kind])[1].token and holder.waiters > 0
+
+        return waits
 
     for kind in kinds:  # past the visibility timeout, the running message is delivered again: a copy waits
-        wait_until(lambda: copy_waits(kind), 30, f"a copy of t.{kind} to wait for the lock")
+        wait_until(copy_waits(kind), 30, f"a copy of t.{kind} to wait for the lock")
         (barriers[kind] / "go").touch()
 
     skipped = f"t.once'[{results['once'].id}] already ran (attempt 0 ended: success)"
