@@ -132,6 +132,13 @@ class Client:
         head = self._context.head(validate_name(name))
         return None if head is None else head.holder
 
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        """Mark ``key`` of lock ``name`` as a holder wrote it (``Lock.write_mark``), or None when none was written
+        or it expired. Raises ``ConfigurationError`` on a service that keeps no marks (ZooKeeper, SQL lock tables),
+        ``InvalidLockName`` for a bad name or key."""
+        self._context.check_open()
+        return self._context.read_mark(name, key)
+
     def force_release(self, name: str, token: int) -> bool:
         """Remove lock ``name``'s holder if its fencing token is still ``token``; True if removed, False if the lock
         has no holder or its holder has another token (a newer holder is never touched).

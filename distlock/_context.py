@@ -3,7 +3,8 @@
 Every handle (lock, semaphore, read/write lock, multi-lock, election) is given a :class:`Context` by the
 :class:`~distlock.Client` that made it, never the client itself; the rules that sit on the seam and have more than one
 caller are written here once: a force release is a compare-and-delete of the head at the token the caller saw
-(``Client.force_release`` and ``Lock.take_over``), and an optional capability is refused where a user asks for it.
+(``Client.force_release`` and ``Lock.take_over``), an optional capability is refused where a user asks for it, and
+a mark's arguments are checked (``Lock.write_mark``, ``Client.read_mark``).
 
 Every call to the service goes through :meth:`Context.open_for`, which reports how it ended to the client's circuit
 breaker (``_breaker``) and, for new work, asks it first: after a ``BackendUnavailable``, new work fails fast.
@@ -17,15 +18,21 @@ the breaker is open raises ``BackendUnavailable`` at once; asking for a capabili
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import cast
 
 from . import _metrics
 from ._breaker import DEFAULT_FAIL_FAST, Breaker
 from ._errors import ClientClosed, ConfigurationError
-from ._protocol import RECORDS, Backend, Head, HeadWatching, Interrupt, Recording, Ticket
+from ._names import validate_name
+from ._protocol import MARKS, RECORDS, Backend, Head, HeadWatching, Interrupt, Marking, Recording, Ticket
+from ._seconds import seconds
 from ._session import Keeper
 
-__all__ = ["Context"]
+__all__ = ["MAX_MARK_BYTES", "Context"]
+
+#: The largest value of a mark: a small value (a state, a counter, a JSON object of a few fields).
+MAX_MARK_BYTES = 65536
 
 
 class Context:
@@ -64,18 +71,41 @@ class Context:
                 raise
             raise ClientClosed(f"{what}: this distlock client ({self.description}) was closed meanwhile") from e
 
-    def require(self, capability: str, what: str) -> None:
-        """Refuse ``what`` (e.g. ``"semaphore 'jobs'"``) when the backend lacks ``capability``."""
-        reason = self.backend.unsupported.get(capability)
+    def require(self, capability: str, what: str, *, kept: bool = True) -> None:
+        """Refuse ``what`` (e.g. ``"semaphore 'jobs'"``) when the backend lacks ``capability``: declared
+        ``unsupported``, or not ``kept`` (the backend lacks the capability's methods)."""
+        reason = self.backend.unsupported.get(capability) or (None if kept else f"it keeps no {capability}")
         if reason is not None:
             raise ConfigurationError(f"{what} is not available on {self.description}: {reason}")
 
     def records(self, what: str) -> Recording:
         """The backend's records, for ``what`` (an election); ``ConfigurationError`` when it keeps none."""
-        self.require(RECORDS, what)
-        if not isinstance(self.backend, Recording):
-            raise ConfigurationError(f"{what} is not available on {self.description}: it keeps no records")
-        return self.backend
+        self.require(RECORDS, what, kept=isinstance(self.backend, Recording))
+        return cast(Recording, self.backend)
+
+    def marks(self, what: str) -> Marking:
+        """The backend's marks, for ``what``; ``ConfigurationError`` when it keeps none."""
+        self.require(MARKS, what, kept=isinstance(self.backend, Marking))
+        return cast(Marking, self.backend)
+
+    def mark_writer(self, name: str, key: str, value: bytes, ttl: float) -> Callable[[Ticket], bool]:
+        """``Lock.write_mark``'s write of mark ``key`` of lock ``name`` (``Marking.write_mark`` of a held ticket),
+        its arguments checked first; ``ConfigurationError`` for a bad one or a backend that keeps no marks."""
+        validate_name(key, "mark key")
+        if not isinstance(value, bytes) or len(value) > MAX_MARK_BYTES:
+            shown = f"{len(value)} bytes" if isinstance(value, bytes) else type(value).__name__
+            raise ConfigurationError(f"a mark's value must be bytes, at most {MAX_MARK_BYTES} of them, not {shown}")
+        ttl = seconds(ttl, "ttl (how long the mark is kept)")
+        marks = self.marks(f"mark {key!r} of lock {name!r}")
+        return lambda ticket: marks.write_mark(ticket, key, value, ttl)
+
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        """Mark ``key`` of lock ``name`` (``Client.read_mark``), None when none was written or it expired."""
+        validate_name(name)
+        validate_name(key, "mark key")
+        marks = self.marks(f"mark {key!r} of lock {name!r}")
+        with self.open_for(f"read mark {key!r} of lock {name!r}"):
+            return marks.read_mark(name, key)
 
     def head(self, name: str) -> Head | None:
         with self.open_for(f"read lock {name!r}"):

@@ -128,7 +128,8 @@ class Election:
         """Store ``value`` (1 byte to 512 KiB; a str is stored as UTF-8) as the election's record, if this
         candidate still leads: the server checks that in the same step. Raises ``LockNotOwned`` when not leading,
         ``LockLost`` when deposed (the write is refused; ``lost`` turns true)."""
-        self._lock._write_record(_record_bytes(value))
+        data = _record_bytes(value)
+        self._lock._write_held("the record", lambda ticket: self._records.write_record(ticket, data))
 
     def recorded(self) -> bytes | None:
         """The election's record as the last leader wrote it (asks the server), or None when none was written."""
@@ -308,8 +309,7 @@ class AsyncElection:
         return self._async.scope()
 
     async def record(self, value: bytes | str) -> None:
-        data = _record_bytes(value)
-        await asyncio.to_thread(self._election.lock._write_record, data)
+        await asyncio.to_thread(self._election.record, value)
 
     async def recorded(self) -> bytes | None:
         return await asyncio.to_thread(self._election.recorded)

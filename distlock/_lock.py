@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, Unpack
@@ -382,11 +383,9 @@ class Lock:
             return self._context.backend.head(self.name) is not None
 
     def ensure_held(self, verify: bool = False) -> None:
-        """Raise ``LockLost`` if the lock is known lost, ``LockNotOwned`` if not held.
-
-        Without ``verify`` this is a local check of the lease deadline, free to call in a loop; with ``verify``
-        it also asks the server that our key still heads the queue. Neither makes a write safe: fenced writes do.
-        """
+        """Raise ``LockLost`` if the lock is known lost, ``LockNotOwned`` if not held. Without ``verify`` a local
+        check of the lease deadline, free to call in a loop; with ``verify`` it also asks the server that our key
+        still heads the queue. Neither makes a write safe: fenced writes do."""
         ticket = self._own_ticket()
         if ticket is None:
             raise self._not_owned("is not held by this handle")
@@ -400,22 +399,24 @@ class Lock:
         if reason is not None:
             raise LockLost(f"lock {self.name!r} (token {ticket.token}) was lost: {reason}", name=self.name)
 
-    def _write_record(self, value: bytes) -> None:
-        """Set the lock's record (``Backend.write_record``) while this handle holds it; an election's ``record()``.
+    def write_mark(self, key: str, value: bytes, ttl: float) -> None:
+        """Set mark ``key`` of this lock to ``value`` for ``ttl`` s while this handle holds it; ``Client.read_mark``
+        reads it, after the hold too (docs/primitives.md, "Marks"). Raises as :meth:`ensure_held` (``LockLost`` also
+        when the service refused it: the key is gone), ``ConfigurationError`` (no marks, bad value or ttl)."""
+        self._write_held(f"mark {key!r}", self._context.mark_writer(self.name, key, value, ttl))
 
-        Raises ``LockNotOwned`` if not held, ``LockLost`` if the hold is known lost or the server refused the
-        write because the key is gone (the hold is then marked lost, with the usual signals).
-        """
+    def _write_held(self, what: str, write: Callable[[Ticket], bool]) -> None:
+        """Write ``what`` by ``write(ticket)``, a backend's write if the held ticket's key exists (a mark, a record);
+        a refused write marks the hold lost (with the usual signals) and raises ``LockLost``."""
         ticket = self._own_ticket()
         if ticket is None:
-            raise self._not_owned("is not held by this handle: only a holder writes its record")
+            raise self._not_owned(f"is not held by this handle: only a holder writes {what}")
         reason = self._lost_reason or self._check_deadlines()
         if reason is None:
-            records = self._context.records(f"the record of lock {self.name!r}")
-            with self._context.open_for(f"write the record of lock {self.name!r}"):
-                if records.write_record(ticket, value):
+            with self._context.open_for(f"write {what} of lock {self.name!r}"):
+                if write(ticket):
                     return
-            reason = "its key is gone: the record was not written"
+            reason = f"its key is gone: {what} was not written"
             self._mark_lost(reason, ticket)
         raise LockLost(f"lock {self.name!r} (token {ticket.token}) was lost: {reason}", name=self.name)
 

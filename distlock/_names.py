@@ -25,25 +25,26 @@ MAX_NAME_BYTES = 1024
 _ESCAPE = re.compile("%([0-9A-F]{2})")
 
 
-def validate_name(name: object) -> str:
-    """Return ``name`` if it can name a lock, else raise :class:`InvalidLockName` saying why."""
+def validate_name(name: object, what: str = "lock name") -> str:
+    """Return ``name`` if it can name a lock (``what``: a lock name, or a mark's key, which keeps the same rules),
+    else raise :class:`InvalidLockName` saying why."""
     if not isinstance(name, str):
-        raise InvalidLockName(f"a lock name must be a str, not {type(name).__name__}: {name!r}")
+        raise InvalidLockName(f"a {what} must be a str, not {type(name).__name__}: {name!r}")
     if not name:
-        raise InvalidLockName("a lock name must not be empty")
+        raise InvalidLockName(f"a {what} must not be empty")
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError as e:
-        raise InvalidLockName(f"lock name {name[:60]!r} is not valid Unicode text (lone surrogate)") from e
+        raise InvalidLockName(f"{what} {name[:60]!r} is not valid Unicode text (lone surrogate)") from e
     if size > MAX_NAME_BYTES:
         raise InvalidLockName(
-            f"lock name is {size} bytes long; the limit is {MAX_NAME_BYTES} (name starts {name[:40]!r}). "
+            f"{what} is {size} bytes long; the limit is {MAX_NAME_BYTES} (name starts {name[:40]!r}). "
             "Hash long identifiers into the name instead."
         )
     for position, char in enumerate(name):
         if unicodedata.category(char) == "Cc":
             raise InvalidLockName(
-                f"lock name {name[:60]!r} has a control character {char!r} at position {position}; "
+                f"{what} {name[:60]!r} has a control character {char!r} at position {position}; "
                 "use printable characters only"
             )
     return name

@@ -8,10 +8,10 @@ still that ticket; names a lock's head; finds held tickets that vanished while t
 copy of a retried join left. A ticket at the head holds, and its ``token`` strictly increases from one holder of a
 name to the next across client and server restarts. Semaphores and read/write locks share the queue: each entry's
 kind is in its nonce, and ``_shape`` holds the grant rule. Optional capabilities (:class:`Inspectable`,
-:class:`Recording`, entries of other kinds) are declared by the backend (``unsupported``) and checked where a user
-asks for them; :class:`HeadWatching` only saves reads, so where a backend lacks it the caller polls. Errors: only
-:mod:`distlock` errors, the client library's as ``__cause__``, after retrying what is safe within the request
-timeout. Each member's docstring says why it exists.
+:class:`Recording`, :class:`Marking`, entries of other kinds) are declared by the backend (``unsupported``) and
+checked where a user asks for them; :class:`HeadWatching` only saves reads, so where a backend lacks it the caller
+polls. Errors: only :mod:`distlock` errors, the client library's as ``__cause__``, after retrying what is safe
+within the request timeout. Each member's docstring says why it exists.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ._errors import BackendError
 
 __all__ = [
     "KINDS",
+    "MARKS",
     "PROCESSES",
     "RECORDS",
     "Backend",
@@ -40,6 +41,7 @@ __all__ = [
     "Lease",
     "LeaseGone",
     "LockState",
+    "Marking",
     "Position",
     "Recording",
     "Ticket",
@@ -224,6 +226,7 @@ class Head:
 RECORDS = "records"  # Recording: an election's record
 KINDS = "kinds"  # queue entries of other kinds than a plain lock's: semaphores, read/write locks
 PROCESSES = "processes"  # locks other processes see (the ``distlock`` command, other workers)
+MARKS = "marks"  # Marking: a holder's small values that expire by themselves
 
 
 @runtime_checkable
@@ -241,6 +244,23 @@ class Recording(Protocol):
 
     def read_record(self, name: str) -> bytes | None:
         """Lock ``name``'s record (every write acknowledged before is seen), or None when none was ever written."""
+
+
+@runtime_checkable
+class Marking(Protocol):
+    """A backend that keeps *marks*: small values under keys of a lock, each written only while a given ticket of
+    that lock holds, each expiring by itself ``ttl`` seconds after its write (on the service's clock: no sweeper).
+    The Celery integration remembers there which task ids have run. A mark is not a lock: no queue, head or listing
+    (``inspect()``) ever sees one. Optional: ``Context.marks`` checks it."""
+
+    def write_mark(self, ticket: Ticket, key: str, value: bytes, ttl: float) -> bool:
+        """Set mark ``key`` of lock ``ticket.name`` to ``value`` if ``ticket``'s key still exists (the compare of
+        :meth:`Recording.write_record`, in the same atomic step), to expire no sooner than ``ttl`` s later and not
+        much after (a service that counts whole seconds or shares one expiry among marks adds at most a tenth of
+        ``ttl`` or a second). False, writing nothing, when the key is gone. Idempotent: a retry writes it again."""
+
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        """Mark ``key`` of lock ``name``, or None when none was written or it expired."""
 
 
 @runtime_checkable
@@ -268,9 +288,9 @@ class Backend(Protocol):
 
     #: Where the backend points, for error messages: ``"etcd at 127.0.0.1:2379"``.
     description: str
-    #: The optional capabilities (:data:`RECORDS`, :data:`KINDS`, :data:`PROCESSES`) this backend lacks, each with the
-    #: reason a user is told where asking for it (``client.election()``, ``client.semaphore()``, ``client.rwlock()``,
-    #: the ``distlock`` command).
+    #: The optional capabilities (:data:`RECORDS`, :data:`KINDS`, :data:`PROCESSES`, :data:`MARKS`) this backend
+    #: lacks, each with the reason a user is told where asking for it (``client.election()``, ``client.semaphore()``,
+    #: ``client.rwlock()``, the ``distlock`` command, ``Lock.write_mark()``, ``Client.read_mark()``).
     unsupported: Mapping[str, str]
 
     def check(self) -> None:

@@ -13,9 +13,10 @@
 
 The lease is kept alive while the task runs and lapses within ``lock_ttl`` when the worker dies; release is checked
 against the lock's token. ``lock_on="run"`` (default) allows one running call per lock name, ``"enqueue"`` one
-queued-or-running call. ``LeaderScheduler`` runs beat on a leader. The client: ``app.conf.distlock_url``, else
-``set_client_factory()`` (Django's ``DISTLOCK`` with ``distlock_django``); ``get_client(app)`` returns it. Options,
-duplicates, hand-over races: docs/integrations/celery.md.
+queued-or-running call; ``once=True`` remembers which task ids ran (a mark of the lock), so a redelivered message
+of a finished one is acknowledged without running. ``LeaderScheduler`` runs beat on a leader. The client:
+``app.conf.distlock_url``, else ``set_client_factory()`` (Django's ``DISTLOCK`` with ``distlock_django``);
+``get_client(app)`` returns it. Options, duplicates, hand-over races: docs/integrations/celery.md.
 
 What can go wrong: importing it without Celery raises ``ModuleNotFoundError`` naming the ``celery`` extra; a bad
 ``unique_on`` or option raises ``ConfigurationError`` when Celery creates the task class (per call: from

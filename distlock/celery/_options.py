@@ -43,6 +43,8 @@ _ATTRIBUTES = {
     "on_unavailable": "on_unavailable",
     "unavailable_retry_delay": "unavailable_retry_delay",
     "abort_on_lost": "abort_on_lost",
+    "once": "once",
+    "once_ttl": "once_ttl",
 }
 #: What ``singleton={...}`` may hold in one call: the task attributes, and ``key`` (a lock name for this call).
 CALL_KEYS = frozenset({*_ATTRIBUTES, "key"})
@@ -59,6 +61,7 @@ class Options:
     lock name at once (a semaphore; ``lock_on="run"`` only). ``on_unavailable`` is what a run does when the lock
     service cannot be reached: ``"fail"`` (raise ``BackendUnavailable``) or ``"retry"`` (after
     ``unavailable_retry_delay``). ``abort_on_lost`` raises ``LockLost`` inside the running body when its lock is lost.
+    ``once`` runs a task id's body once across deliveries, remembering a finished one for ``once_ttl`` s.
     """
 
     lock_on: LockOn = "run"
@@ -72,6 +75,9 @@ class Options:
     on_unavailable: OnUnavailable = "fail"
     unavailable_retry_delay: float = 5.0
     abort_on_lost: bool = False
+    once: bool = False
+    #: Celery's ``result_expires`` default: a task id is remembered as long as its result is, by default.
+    once_ttl: float = 86400.0
 
     @property
     def queued_for(self) -> float:
@@ -111,8 +117,9 @@ class Options:
             raise ConfigurationError(
                 f"{where}: on_unavailable must be 'fail' or 'retry', not {fields['on_unavailable']!r}"
             )
-        if not isinstance(fields.get("abort_on_lost", self.abort_on_lost), bool):
-            raise ConfigurationError(f"{where}: abort_on_lost must be True or False, not {fields['abort_on_lost']!r}")
+        for flag in ("abort_on_lost", "once"):
+            if not isinstance(fields.get(flag, getattr(self, flag)), bool):
+                raise ConfigurationError(f"{where}: {flag} must be True or False, not {fields[flag]!r}")
         options = dataclasses.replace(self, **fields)
         seconds(options.ttl, f"{where}: lock_ttl (the lease length)")
         seconds(options.timeout, f"{where}: lock_timeout (how long a worker waits for a busy lock)", allow_zero=True)
@@ -120,6 +127,7 @@ class Options:
         seconds(options.unavailable_retry_delay, f"{where}: unavailable_retry_delay", allow_zero=True)
         seconds(options.max_hold, f"{where}: lock_max_hold", allow_none=True)
         seconds(options.max_queued, f"{where}: lock_max_queued", allow_none=True)
+        seconds(options.once_ttl, f"{where}: once_ttl (how long a finished task id is remembered)")
         limit = options.limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000):
             raise ConfigurationError(f"{where}: lock_limit must be an int from 1 to 10000 (or None), not {limit!r}")

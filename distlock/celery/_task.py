@@ -13,7 +13,8 @@ retried (``self.retry``, counted against ``max_retries``); a
 redelivered copy of a task that still holds the lock waits up to ``ttl`` plus a grace period for a dead holder's
 lease to lapse and is dropped (``Ignore``) if the holder lives: never run beside it. A lock lost mid-run stops the
 body only with ``abort_on_lost=True`` (``LockLost`` raised in it, prefork and solo pools; ``ConfigurationError`` on
-the others): otherwise only fenced writes stay safe, and the release logs an error. ``send_task()`` bypasses this
+the others): otherwise only fenced writes stay safe, and the release logs an error. With ``once=True`` a delivery
+of a task id whose run already ended is acknowledged without running (``_once``). ``send_task()`` bypasses this
 class in the sender: no enqueue-time check or reservation, duplicates are only found when they run.
 """
 
@@ -46,6 +47,7 @@ from distlock import (
 from ._config import get_client
 from ._handover import RESERVATIONS, TAKEOVER_GRACE, take_over
 from ._keys import KeySpec, run_signature
+from ._once import already_ran, outcome_of, remember
 from ._options import Options
 
 __all__ = ["HEADER", "DuplicateTask", "SingletonTask"]
@@ -149,6 +151,12 @@ class SingletonTask(Task):  # type: ignore[type-arg]
       it was force-released), raise ``LockLost`` inside the running body (``self.lock.scope()``, by a signal to the
       main thread: prefork and solo pools only; elsewhere the run raises ``ConfigurationError``). The task fails with
       it, or retries with ``autoretry_for=(LockLost,)``; the lock is free for the next run.
+    - ``once`` (default False): a task id's body runs once across deliveries of its message (``acks_late``
+      redeliveries, a broker's ``visibility_timeout``): a run that ends marks its task id on its lock, and a later
+      delivery of that attempt finds the mark and is acknowledged without running (``Ignore``: the first run's
+      result stays). A run killed mid-body runs again. Needs a lock service with marks (etcd, Redis): elsewhere the
+      run raises ``ConfigurationError``. ``once_ttl`` (default 86400 s, Celery's ``result_expires`` default): how
+      long a finished task id is remembered.
     """
 
     unique_on: ClassVar[object] = None
@@ -163,6 +171,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     on_unavailable: ClassVar[str | None] = None
     unavailable_retry_delay: ClassVar[float | None] = None
     abort_on_lost: ClassVar[bool | None] = None
+    once: ClassVar[bool | None] = None
+    once_ttl: ClassVar[float | None] = None
 
     _singleton_options: ClassVar[Options] = Options()
     _singleton_keys: ClassVar[KeySpec | None] = None
@@ -300,6 +310,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 "call self.lock.ensure_held() between the steps of the task instead (fenced writes are refused "
                 "after a loss anyway)"
             )
+        once_id = task_id if effective.once else None  # a direct call has no task id: nothing to remember
+        attempt = int(getattr(request, "retries", 0) or 0)
         options: distlock.LockOptions = {
             "ttl": effective.ttl,
             "max_hold": effective.max_hold,
@@ -314,6 +326,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 else client.semaphore(name, effective.limit, **options)
             )
             busy = _acquire(client, lock, header.get("reservation"), effective, same_task_possible=task_id is not None)
+            if busy is None and once_id is not None and _ran_before(client, lock, once_id, attempt, where):
+                raise Ignore()  # acknowledged, with no result stored over the run's (the lock is released)
         except BackendUnavailable as e:
             if effective.on_unavailable == "fail" or task_id is None:
                 raise
@@ -324,15 +338,21 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         run = _Run(self, task_id, lock)
         _runs.set((*_runs.get(), run))
         keep_for: float | None = None  # set when the lock passes to a retry message
+        error: BaseException | None = None
         try:
             # abort_on_lost: a loss raises LockLost in the body (a signal to this, the main, thread), and the task
             # fails with it, or retries when it is in autoretry_for; the release then finds the lock gone (logged).
             with lock.scope() if effective.abort_on_lost else contextlib.nullcontext():
                 return super().__call__(*args, **kwargs)
-        except Retry:
-            keep_for = run.retry_hold_for
+        except BaseException as e:
+            error = e
+            if isinstance(e, Retry):
+                keep_for = run.retry_hold_for
             raise
         finally:
+            outcome = outcome_of(error)
+            if once_id is not None and outcome is not None:  # while the lock is held: the mark is fenced by it
+                remember(lock, once_id, attempt, outcome, effective.once_ttl, where)
             if keep_for is None or not _hand_over(lock, keep_for, where):
                 _release(lock, where)
 
@@ -383,6 +403,19 @@ def _acquire(
         if lock.acquire(timeout=effective.ttl + TAKEOVER_GRACE):
             return None
     return _Busy(holder)
+
+
+def _ran_before(client: distlock.Client, lock: distlock.Lock, task_id: str, attempt: int, where: str) -> bool:
+    """Whether this attempt of ``task_id`` already ran (``once``): then, or when the mark cannot be read, the lock
+    is released here."""
+    try:
+        ran = already_ran(client, lock.name, task_id, attempt, where)
+    except BaseException:
+        _release(lock, where)
+        raise
+    if ran:
+        _release(lock, where)
+    return ran
 
 
 def _hand_over(lock: distlock.Lock, hold_for: float, where: str) -> bool:

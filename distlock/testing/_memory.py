@@ -11,7 +11,8 @@ The queue is a list per lock: an entry's token is its creation number, from one 
 strictly increase; entries are ordered by it and ``_shape`` says which of them hold. A lease has a TTL on
 distlock's clock (``_clock``); a lease past its deadline vanishes with its entries, checked on every call, and a
 blocked ``wait`` wakes at the earliest deadline of the leases in its queue, at every removal, and when its
-``Interrupt`` fires. A lock's record sits beside its queue and outlives its holders.
+``Interrupt`` fires. A lock's record sits beside its queue and outlives its holders; its marks too, each until its
+own deadline, past which the next call finds it gone.
 
 What it does not model: other processes (a forked child gets a copy of every server, as at the fork, and the two
 copies never meet again), clock faults (one clock for client and server: no pause outlives a lease unseen), network
@@ -68,23 +69,27 @@ class _Entry:
 
 @dataclass
 class _Server:
-    """One named in-memory lock service: leases (id -> deadline and TTL), queues and records by (prefix, name)."""
+    """One named in-memory lock service: leases (id -> deadline and TTL), queues and records by (prefix, name), and
+    marks by (prefix, name, key) with their deadlines."""
 
     cond: threading.Condition = field(default_factory=lambda: threading.Condition(threading.RLock()))
     counter: int = 0
     leases: dict[int, tuple[float, float]] = field(default_factory=dict)
     queues: dict[tuple[str, str], list[_Entry]] = field(default_factory=dict)
     records: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    marks: dict[tuple[str, str, str], tuple[bytes, float]] = field(default_factory=dict)
 
     def next_number(self) -> int:
         self.counter += 1
         return self.counter
 
     def expire(self) -> None:
-        """Drop every lease past its deadline, with its entries."""
+        """Drop every lease past its deadline, with its entries, and every mark past its own."""
         now = _clock.now()
         for lease_id in [lease_id for lease_id, (deadline, _) in self.leases.items() if deadline <= now]:
             self.drop_lease(lease_id)
+        for place in [place for place, (_, deadline) in self.marks.items() if deadline <= now]:
+            del self.marks[place]
 
     def drop_lease(self, lease_id: int) -> None:
         self.leases.pop(lease_id, None)
@@ -321,6 +326,20 @@ class MemoryBackend:
         """The lock's record, None when none was ever written."""
         with self._state() as server:
             return server.records.get((self._prefix, name))
+
+    def write_mark(self, ticket: Ticket, key: str, value: bytes, ttl: float) -> bool:
+        """Set mark ``key`` of the lock, to expire exactly ``ttl`` s from now, if the ticket's entry is still there."""
+        with self._state() as server:
+            if _position(server.queues.get((self._prefix, ticket.name), []), ticket).gone:
+                return False
+            server.marks[(self._prefix, ticket.name, key)] = (value, _clock.now() + ttl)
+            return True
+
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        """The mark, None when none was written or it expired."""
+        with self._state() as server:
+            mark = server.marks.get((self._prefix, name, key))
+            return None if mark is None else mark[0]
 
     def inspect(self) -> list[LockState]:
         """Every lock under this client's prefix with entries, by name, as ``_shape.lock_state`` shows them."""

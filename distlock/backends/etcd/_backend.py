@@ -7,7 +7,9 @@ is reused from one acquisition to the next, so a lock's range holds few key name
 ``Keeper.join_started``), the oldest create revision holds and is the token, and a waiter watches only the key it waits
 on (``_watch``); the grant rule of semaphores and read/write locks is ``_shape``'s. A join's transaction puts its key
 only if no key of another family is queued, so a join of another kind raises ``LockKindMismatch`` having put nothing. A
-record (``write_record``) is the key ``<prefix>/<escaped name>``, put only while the writer's key keeps its revision.
+record (``write_record``) is the key ``<prefix>/<escaped name>``, put only while the writer's key keeps its revision;
+a mark (``write_mark``) is ``<prefix>/<escaped name>%m<escaped key>``, put so too, on a lease that expires it
+(``_marks``): outside every lock's range (``%m`` is in no escaped name), and a listing skips it as it skips a record.
 The key layout, the races and why each step is safe: docs/operations/etcd.md ("How it works").
 
 What can go wrong: members unreachable, frozen or between leaders (retried on another member, then
@@ -52,6 +54,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
     ) from _e
 
 from ._channels import FIRST_ATTEMPT, Channels, Member, TLSConfig
+from ._marks import MarkLeases
 from ._watch import Handler, PositionAtRevision, SemaphoreWatch, Watches, ahead_watch
 
 __all__ = ["EtcdBackend", "prefix_end"]
@@ -106,6 +109,7 @@ class EtcdBackend:
         )
         self.description = self._channels.description
         self._watches = Watches(self._channels)
+        self._mark_leases = MarkLeases(self.grant_lease)
 
     def after_fork(self) -> None:
         self._channels.after_fork()
@@ -480,8 +484,33 @@ class EtcdBackend:
         return bool(response.succeeded)
 
     def read_record(self, name: str) -> bytes | None:
-        request = etcdrpc.RangeRequest(key=self._record_key(name))
-        response, _ = self._channels.unary(f"read the record of lock {name!r}", "Range", request)
+        return self._get(f"read the record of lock {name!r}", self._record_key(name))
+
+    def _mark_key(self, name: str, key: str) -> bytes:
+        """``<prefix>/<escaped name>%m<escaped key>``: beside the record, in no lock's range (no ``/`` after the
+        prefix), and no lock's record (an escaped name has ``%`` only before two hex digits)."""
+        return self._record_key(name) + b"%m" + escape_name(key).encode("utf-8")
+
+    def write_mark(self, ticket: Ticket, key: str, value: bytes, ttl: float) -> bool:
+        lease_id = self._mark_leases.lease_for(ttl)
+        try:
+            return self._put_mark(ticket, key, value, lease_id)
+        except LeaseGone:  # revoked by hand, or gone with a restored snapshot: once more, on a new lease
+            self._mark_leases.forget(lease_id)
+            return self._put_mark(ticket, key, value, self._mark_leases.lease_for(ttl))
+
+    def _put_mark(self, ticket: Ticket, key: str, value: bytes, lease_id: int) -> bool:
+        # The compare of write_record; the put on a lease that expires the mark (``_marks``).
+        put = etcdrpc.PutRequest(key=self._mark_key(ticket.name, key), value=value, lease=lease_id)
+        request = etcdrpc.TxnRequest(compare=[_still_there(ticket)], success=[etcdrpc.RequestOp(request_put=put)])
+        response, _ = self._channels.unary(f"write mark {key!r} of lock {ticket.name!r}", "Txn", request)
+        return bool(response.succeeded)
+
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        return self._get(f"read mark {key!r} of lock {name!r}", self._mark_key(name, key))
+
+    def _get(self, what: str, key: bytes) -> bytes | None:
+        response, _ = self._channels.unary(what, "Range", etcdrpc.RangeRequest(key=key))
         return bytes(response.kvs[0].value) if response.kvs else None
 
     def inspect(self) -> list[LockState]:
@@ -491,7 +520,7 @@ class EtcdBackend:
         queues: dict[str, list[Any]] = {}
         for kv in response.kvs:
             escaped, slash, _ = bytes(kv.key)[len(self._prefix) :].partition(b"/")
-            if slash:  # a queue entry; ``<prefix>/<escaped name>`` alone is the lock's record
+            if slash:  # a queue entry; ``<prefix>/<escaped name>`` alone is the lock's record (``…%m<key>``: a mark)
                 queues.setdefault(unescape_name(escaped.decode("utf-8")), []).append(kv)
         ttl_left: dict[int, float | None] = {}
         for kvs in queues.values():

@@ -5,7 +5,9 @@ A lock is a sorted set of queue entries scored by token, under one ``{hash tag}`
 client and TTL (``SET NX PX``, refreshed with ``PEXPIRE``, which extends the expiry of the locks queued on it too); a
 waiter blocks on its own wake-up list (``BLPOP``), pushed by whoever removes the entry ahead of it. The backend
 keeps no copy of the core's state: a hand-over is ``wait()``'s answer, and a refresh and a revoke are given the
-client's tickets. The keys, tokens, waiting and what a Cluster cannot do: docs/operations/redis.md, "How it works".
+client's tickets. A lock's record and its marks are written by one script that checks the holder's entry (a mark
+with ``PX``: Redis expires it). The keys, tokens, waiting and what a Cluster cannot do: docs/operations/redis.md,
+"How it works".
 
 What can go wrong: Redis unreachable, restarting (``LOADING``), paused or failing over (``READONLY``, ``MOVED``):
 every request is idempotent and retried with backoff until the request timeout, then ``BackendUnavailable`` names
@@ -450,16 +452,29 @@ class RedisBackend:
         # lease key. Without that check (a Cluster: the lease key has another slot) a holder past its lease may
         # still write until a waiter removes its dead entry, which is before that waiter holds: no write of the old
         # holder can come after the new holder's read.
-        keys = self._keys.lock(ticket.name)
-        script_keys = self._own_lease((keys + "q", keys + "record"), ticket.lease_id)
-        what = f"write the record of lock {ticket.name!r}"
-        answer, _ = WRITE_RECORD.run(self._request, what, script_keys, ticket.key, ticket.token, value)
+        return self._write_held(ticket, self._keys.lock(ticket.name) + "record", value, "the record")
+
+    def write_mark(self, ticket: Ticket, key: str, value: bytes, ttl: float) -> bool:
+        # The record's script and checks, with an expiry (PX): Redis deletes the mark by itself.
+        ttl_ms = max(1, math.ceil(ttl * 1000))
+        return self._write_held(ticket, self._keys.mark(ticket.name, key), value, f"mark {key!r}", ttl_ms)
+
+    def _write_held(self, ticket: Ticket, key: str, value: bytes, what: str, *ttl_ms: int) -> bool:
+        queue = self._keys.lock(ticket.name) + "q"
+        script_keys = self._own_lease((queue, key), ticket.lease_id)
+        what = f"write {what} of lock {ticket.name!r}"
+        answer, _ = WRITE_RECORD.run(self._request, what, script_keys, ticket.key, ticket.token, value, *ttl_ms)
         return bool(answer == 1)
 
-    def read_record(self, name: str) -> bytes | None:
-        key = self._keys.lock(name) + "record"
-        value, _ = self._request(f"read the record of lock {name!r}", key, "GET", key)
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        return self._get(f"read mark {key!r} of lock {name!r}", self._keys.mark(name, key))
+
+    def _get(self, what: str, key: str) -> bytes | None:
+        value, _ = self._request(what, key, "GET", key)
         return None if value is None else bytes(value)
+
+    def read_record(self, name: str) -> bytes | None:
+        return self._get(f"read the record of lock {name!r}", self._keys.lock(name) + "record")
 
     def missing_tickets(self, tickets: Sequence[Ticket]) -> list[Ticket]:
         # One script over many queues on one server; a Cluster script may only touch one slot, and each lock's

@@ -2,11 +2,12 @@
 docs/operations/redis.md, "How it works").
 
 Every key of lock ``N`` starts ``<prefix>:{E}:`` (``E``: the name escaped by ``_names.escape_name``, braces
-included), so that a lock's keys share one Redis Cluster slot; a client's lease key is ``<prefix>:lease:<hex>``. A
-queue member is ``<lease hex>-3.<nonce>``: the lease that keeps it alive, the layout mark :data:`LAYOUT_MARK` (the
-keys expire and are deleted with their last entry; earlier layouts' members have no mark, and the clients of each
-refuse to queue behind the other's: see docs/operations/redis.md, "Upgrading"), and the waiter's nonce (with its
-kind, for a semaphore's or read/write lock's entry).
+included), so that a lock's keys share one Redis Cluster slot (its marks too: ``<prefix>:{E}:mark:<escaped key>``,
+braces escaped, so that no mark matches the pattern of the queue keys); a client's lease key is
+``<prefix>:lease:<hex>``. A queue member is ``<lease hex>-3.<nonce>``: the lease that keeps it alive, the layout mark
+:data:`LAYOUT_MARK` (the keys expire and are deleted with their last entry; earlier layouts' members have no mark,
+and the clients of each refuse to queue behind the other's: see docs/operations/redis.md, "Upgrading"), and the
+waiter's nonce (with its kind, for a semaphore's or read/write lock's entry).
 
 What can go wrong: nothing raises here; a malformed member reads as lease 0, which never exists.
 """
@@ -44,6 +45,10 @@ class Keys:
     def lock(self, name: str) -> str:
         """The common start of every key of lock ``name``: ``<prefix>:{<escaped>}:``."""
         return f"{self.prefix}:{{{escape_name(name, _RESERVED)}}}:"
+
+    def mark(self, name: str, key: str) -> str:
+        """The key of mark ``key`` of lock ``name``: in the lock's slot, never ending ``}:q`` as a queue key does."""
+        return f"{self.lock(name)}mark:{escape_name(key, _RESERVED)}"
 
     def name_of(self, key: str) -> str | None:
         """The lock name of a queue key ``<prefix>:{<escaped>}:q`` (None for a key that is not one)."""

@@ -30,7 +30,6 @@ import math
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 from ... import _clock
@@ -92,7 +91,7 @@ from ._queue import (
     same_place,
     seconds,
 )
-from ._schema import Tables, create_missing_tables, earlier_layout, lock_tables, name_key
+from ._schema import UNSUPPORTED, Tables, create_missing_tables, earlier_layout, lock_tables, name_key
 
 __all__ = ["SqlTableBackend"]
 
@@ -109,7 +108,7 @@ _EXPIRY_SLACK = 0.01
 class SqlTableBackend:
     """Lock primitives in three tables of one SQL database. Thread-safe; new connections after ``fork()``."""
 
-    unsupported: Mapping[str, str] = MappingProxyType({})  # every capability
+    unsupported: Mapping[str, str] = UNSUPPORTED  # every capability but marks
 
     def __init__(
         self,

@@ -24,7 +24,9 @@ docs/operations/sql-table.md.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,9 +36,11 @@ from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from ..._install import docs_url
+from ..._protocol import MARKS
 
 __all__ = [
     "LAYOUT",
+    "UNSUPPORTED",
     "Tables",
     "create_missing_tables",
     "earlier_layout",
@@ -49,6 +53,14 @@ __all__ = [
 #: The layout this release makes, the version in ``<prefix>_layout``: a name's row in ``<prefix>_locks`` goes with
 #: the last entry of its queue. Tables without the marker are of the earlier layout, 1: a row per name for ever.
 LAYOUT = 2
+
+#: What these tables cannot keep (``Backend.unsupported``): marks, which would need a table of their own.
+UNSUPPORTED: Mapping[str, str] = MappingProxyType(
+    {
+        MARKS: "the SQL lock table keeps no marks (values that expire by themselves): that needs a table of its own, "
+        "a schema change not made yet. Marks are kept on etcd and Redis"
+    }
+)
 
 #: The longest lock name (``_names.MAX_NAME_BYTES``: 1,024 bytes of UTF-8, so at most 1,024 characters).
 _NAME_LENGTH = 1024

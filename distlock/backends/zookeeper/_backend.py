@@ -32,6 +32,7 @@ from ... import _clock
 from ..._errors import BackendError, BackendUnavailable, ClientClosed, ConfigurationError, LockKindMismatch
 from ..._names import escape_name, unescape_name
 from ..._protocol import (
+    MARKS,
     Head,
     Holder,
     Interrupt,
@@ -121,7 +122,12 @@ def _on_change(woken: threading.Event) -> Callable[[Any], None]:
 class ZooKeeperBackend:
     """Lock primitives on one ZooKeeper ensemble. Thread-safe; opens new sessions lazily after ``fork()``."""
 
-    unsupported: Mapping[str, str] = MappingProxyType({})  # every capability
+    unsupported: Mapping[str, str] = MappingProxyType(
+        {
+            MARKS: "ZooKeeper keeps no marks (values that expire by themselves): it expires no node but its TTL nodes, "
+            "which need extendedTypesEnabled on every server. Marks are kept on etcd and Redis"
+        }
+    )
 
     def __init__(
         self,

@@ -1,6 +1,7 @@
 """The Redis backend on a real 3-master Redis Cluster (``redis+cluster://``): scripts stay in one slot, tokens and
 FIFO order hold, a lock whose holder's lease (in another slot, often on another master) is gone is free, a
-force release loses the one lock released, and a holder cut off from its lock's master gives the lock up."""
+force release loses the one lock released, a mark shares its lock's slot, and a holder cut off from its lock's master
+gives the lock up."""
 
 from __future__ import annotations
 
@@ -85,6 +86,18 @@ def test_a_lock_whose_holders_lease_is_gone_is_free_on_a_cluster(
         now = first.holder(lock_name)
         assert now is not None and now.token == again.token and now.lease_id != held.lease_id
         again.release()
+
+
+def test_marks_live_in_their_locks_slot_on_a_cluster(cluster_url: str) -> None:
+    names = _names_on_every_master("marks", 1)
+    with distlock.connect(cluster_url) as client:
+        for name in names:
+            mark = Keys("distlock").mark(name, "task/{1}")
+            assert redis.crc.key_slot(mark.encode()) == redis.crc.key_slot(_queue_of(name).encode())
+            with client.lock(name, ttl=10) as lock:
+                lock.write_mark("task/{1}", b"done", ttl=60)
+            assert client.read_mark(name, "task/{1}") == b"done"
+            assert client.holder(name) is None
 
 
 def test_inspect_lists_the_locks_of_every_master(cluster_url: str) -> None:

@@ -27,6 +27,9 @@ from distlock.celery import SingletonTask, get_client
 QUEUE_ENV = "DISTLOCK_CELERY_TEST_QUEUE"
 ENV = ("DISTLOCK_CELERY_TEST_BROKER", "DISTLOCK_CELERY_TEST_BACKEND", "DISTLOCK_CELERY_TEST_ETCD")
 EVENTS_ENV = "DISTLOCK_CELERY_TEST_EVENTS"
+#: Seconds after which the Redis broker delivers an unacknowledged message again (the worker's transport option;
+#: unset: kombu's hour), checked every second.
+VISIBILITY_ENV = "DISTLOCK_CELERY_TEST_VISIBILITY_TIMEOUT"
 TTL = 2.0
 
 
@@ -51,6 +54,12 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
         result_expires=600,
         broker_connection_retry_on_startup=True,
     )
+    if os.environ.get(VISIBILITY_ENV):
+        app.conf.broker_transport_options = {
+            "visibility_timeout": float(os.environ[VISIBILITY_ENV]),
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
 
     def run_body(task: SingletonTask, job: str, seconds: float, **extra: Any) -> dict[str, Any]:
         token = task.lock.token
@@ -194,6 +203,36 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
         record("end", job=job, id=self.request.id, token=token)
         return {"token": token, "retries": self.request.retries}
 
+    def redelivered_body(task: SingletonTask, job: str, barriers: str) -> dict[str, Any]:
+        """The first run waits to be SIGKILLed; every later run waits for the test's go (the file ``go``), then
+        appends its line to the events file ("end"): one line per completed run of the body."""
+        folder = Path(barriers)
+        first = not (folder / "started").exists()
+        (folder / "started").touch()
+        token = task.lock.token
+        record("start", job=job, id=task.request.id, token=token, first=first)
+        if first:
+            time.sleep(60)
+        deadline = time.monotonic() + 30
+        while not (folder / "go").exists():
+            assert time.monotonic() < deadline, "the test never said go"
+            time.sleep(0.02)
+        record("end", job=job, id=task.request.id, token=token)
+        return {"token": token}
+
+    redelivered: dict[str, Any] = {"shared": False, "bind": True, "base": SingletonTask, "unique_on": ["job"]}
+    redelivered.update(lock_ttl=TTL, acks_late=True, reject_on_worker_lost=True)
+
+    @app.task(name="t.once", once=True, **redelivered)
+    def once(self: SingletonTask, job: str, barriers: str) -> dict[str, Any]:
+        """Acknowledged after the run, delivered again when its process dies or past the visibility timeout."""
+        return redelivered_body(self, job, barriers)
+
+    @app.task(name="t.twice", **redelivered)
+    def twice(self: SingletonTask, job: str, barriers: str) -> dict[str, Any]:
+        """``t.once`` without ``once``: the control."""
+        return redelivered_body(self, job, barriers)
+
     @app.task(shared=False, bind=True, name="t.plain")
     def plain(self: Task, job: str, seconds: float) -> int:  # type: ignore[type-arg]
         """A plain task (no lock): keeps a worker process busy, and shows what overlap looks like."""
@@ -219,6 +258,8 @@ def make_app(broker: str, backend: str, etcd_url: str, queue: str) -> Celery:
         ignore,
         abortable,
         abortable_retry,
+        once,
+        twice,
         plain,
         ping,
     )

@@ -161,17 +161,22 @@ def celery_worker(
 
 
 @pytest.fixture(scope="session")
-def start_celery_worker() -> Callable[[tuple[str, str, str, str], Celery, Events, Path], Any]:
+def start_celery_worker() -> Callable[..., Any]:
     """``run_worker``: a context manager that runs a worker of the test app on other URLs."""
     return run_worker
 
 
 @contextlib.contextmanager
 def run_worker(
-    urls: tuple[str, str, str, str], app: Celery, events: Events, log_dir: Path, pool: str = "prefork"
+    urls: tuple[str, str, str, str],
+    app: Celery,
+    events: Events,
+    log_dir: Path,
+    pool: str = "prefork",
+    concurrency: int = 2,
 ) -> Iterator[CeleryWorker]:
-    """A worker of the test app on ``urls`` (broker, result backend, lock service, queue) with ``pool`` (prefork:
-    2 processes), answering ``app``'s ping before it is handed out, and stopped afterwards."""
+    """A worker of the test app on ``urls`` (broker, result backend, lock service, queue) with ``pool`` of
+    ``concurrency`` processes, answering ``app``'s ping before it is handed out, and stopped afterwards."""
     broker, backend, lock_url, queue = urls
     log_path = log_dir / "worker.log"
     env = child_env()
@@ -185,7 +190,7 @@ def run_worker(
         }
     )
     os.environ[testapp.EVENTS_ENV] = str(events.path)
-    command = [sys.executable, str(HERE / "celeryapp.py"), "worker", f"--pool={pool}", "--concurrency=2"]
+    command = [sys.executable, str(HERE / "celeryapp.py"), "worker", f"--pool={pool}", f"--concurrency={concurrency}"]
     command += ["--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat", "-Q", queue]
     command += [f"--hostname={queue}@%h"]
     with log_path.open("wb") as log:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import os
 import socket
 import subprocess
@@ -60,6 +61,8 @@ def app() -> Iterator[Celery]:
             "on_unavailable='retry' works with lock_on='run' only",
         ),
         ({"unavailable_retry_delay": -1}, distlock.ConfigurationError, "unavailable_retry_delay must be >= 0"),
+        ({"once": "yes"}, distlock.ConfigurationError, "once must be True or False, not 'yes'"),
+        ({"once_ttl": 0}, distlock.ConfigurationError, r"once_ttl \(how long a finished task id is remembered\)"),
     ],
 )
 def test_a_bad_task_option_fails_when_the_task_is_defined(
@@ -359,3 +362,47 @@ def test_a_skipped_duplicate_is_a_result_of_none_not_a_delay_returning_none(app:
         duplicate = rebuild_report.delay(7)
     assert (duplicate.state, duplicate.result, ran) == ("SUCCESS", None, [])
     assert rebuild_report.delay(7).result == 7
+
+
+def test_once_runs_each_attempt_of_a_task_id_once(app: Celery) -> None:
+    """``once=True`` eagerly, in this process, with task ids as in a worker (the broker's redeliveries:
+    test_singleton_once.py): a delivery of an attempt that ended is acknowledged without running (``Ignore``), a
+    retry's next attempt runs, a failed attempt counts as ended, and a direct call (no task id) always runs."""
+    app.conf.distlock_url = f"memory://once-{uuid.uuid4().hex[:6]}"
+    ran: list[tuple[str | None, int]] = []
+    options: Any = {"base": SingletonTask, "shared": False, "lazy": False, "bind": True, "once": True}
+
+    def body(task: Any, n: int) -> int:
+        ran.append((task.request.id, task.request.retries))
+        if n < 0:
+            raise ValueError(n)
+        return n
+
+    decorate: Any = app.task(name="t.report", **options)
+    report: Any = decorate(body)
+    assert [report.apply((7,), task_id="a").state for _ in range(2)] == ["SUCCESS", "IGNORED"]
+    assert report.apply((7,), task_id="a", retries=1).result == 7  # the retry's message: the next attempt
+    assert report.apply((7,), task_id="a", retries=0).state == "IGNORED"
+    assert [report.apply((-1,), task_id="b").state for _ in range(2)] == ["FAILURE", "IGNORED"]
+    assert report(7) == report(7) == 7
+    assert ran == [("a", 0), ("a", 1), ("b", 0), (None, 0), (None, 0)]
+    mark = get_client(app).read_mark(report.singleton_key((7,)), "a")
+    assert mark is not None and json.loads(mark) == {"attempt": 1, "outcome": "success"}
+    assert get_client(app).holder(report.singleton_key((7,))) is None
+
+
+def test_once_on_a_lock_service_without_marks_fails_the_run_naming_those_with_marks(
+    app: Celery, tmp_path: Path
+) -> None:
+    app.conf.distlock_url = f"sql+sqlite:///{tmp_path / 'locks.db'}"
+    ran: list[int] = []
+
+    def body(n: int) -> None:
+        ran.append(n)
+
+    decorate: Any = app.task(base=SingletonTask, shared=False, lazy=False, name="t.once_sql", once=True)
+    task: Any = decorate(body)
+    result = task.apply((7,))
+    assert isinstance(result.result, distlock.ConfigurationError) and ran == []
+    assert "Marks are kept on etcd and Redis" in str(result.result)
+    assert get_client(app).holder(task.singleton_key((7,))) is None  # the lock was released

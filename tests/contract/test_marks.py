@@ -1,0 +1,110 @@
+"""Marks (``Lock.write_mark``, ``Client.read_mark``): a holder's small value under a key of its lock, written only
+while the hold lasts, kept after it, and gone by itself after its TTL; never a lock. On the services that keep them
+(memory, etcd, Redis); the others refuse them where they are asked for."""
+
+from __future__ import annotations
+
+import pytest
+from _support import wait_until
+
+import distlock
+from distlock._protocol import Lease
+
+#: The services that keep marks; ZooKeeper and the SQL lock table do not (their ``unsupported`` says why).
+MARKING = pytest.mark.parametrize("backend", ["memory", "etcd", "redis"], indirect=True)
+NOT_MARKING = pytest.mark.parametrize("backend", ["zookeeper", "postgres-table"], indirect=True)
+
+
+@MARKING
+def test_a_mark_written_while_holding_is_read_after_the_hold_and_is_never_a_lock(
+    client: distlock.Client, lock_name: str
+) -> None:
+    lock = client.lock(lock_name, ttl=10)
+    with lock:
+        lock.write_mark("task-1", b'{"attempt": 0}', ttl=60)
+        lock.write_mark("task-1", b'{"attempt": 1}', ttl=60)  # written again: the newer value
+        lock.write_mark("a/b{c}%2F", b"odd key", ttl=60)
+        (state,) = [state for state in client.inspect() if state.name == lock_name]
+        assert (len(state.holders), state.waiters) == (1, ())
+        holder = client.holder(lock_name)
+        assert holder is not None and (holder.token, holder.holders, holder.waiters) == (lock.token, 1, 0)
+    assert client.read_mark(lock_name, "task-1") == b'{"attempt": 1}'
+    assert client.read_mark(lock_name, "a/b{c}%2F") == b"odd key"
+    assert client.read_mark(lock_name, "task-2") is None
+    assert client.read_mark(lock_name + "/other", "task-1") is None
+    assert client.holder(lock_name) is None
+    assert all(not state.name.startswith(lock_name) for state in client.inspect())
+    with client.lock(lock_name, ttl=10, timeout=0) as again:  # the lock is free: no mark stands in its queue
+        assert again.token > 0
+
+
+@MARKING
+def test_a_mark_is_refused_once_the_hold_is_gone(client: distlock.Client, lock_name: str) -> None:
+    lock = client.lock(lock_name, ttl=10)
+    lock.acquire()
+    assert client.force_release(lock_name, lock.token)
+    with pytest.raises(distlock.LockLost, match="its key is gone: mark 'task-1' was not written"):
+        lock.write_mark("task-1", b"late", ttl=60)
+    assert lock.lost
+    assert client.read_mark(lock_name, "task-1") is None
+    with pytest.raises(distlock.LockNotOwned):
+        client.lock(lock_name, ttl=10).write_mark("task-1", b"never held", ttl=60)
+
+
+@MARKING
+def test_the_backend_refuses_a_mark_of_a_ticket_whose_lease_was_revoked(
+    client: distlock.Client, lock_name: str
+) -> None:
+    with client.lock(lock_name, ttl=10) as lock:
+        ticket = lock._own_ticket()
+        assert ticket is not None
+        backend = client._backend
+        assert isinstance(backend, distlock._protocol.Marking)
+        assert backend.write_mark(ticket, "k", b"held", 60)
+        backend.revoke_lease(Lease(ticket.lease_id, 10), [ticket])
+        assert not backend.write_mark(ticket, "k", b"revoked", 60)
+        assert not backend.write_mark(ticket, "k2", b"revoked", 60)
+        assert backend.read_mark(lock_name, "k") == b"held"
+        assert backend.read_mark(lock_name, "k2") is None
+        with pytest.raises(distlock.LockLost):
+            lock.release()
+
+
+@MARKING
+def test_a_mark_expires_by_itself_after_its_ttl(client: distlock.Client, lock_name: str) -> None:
+    with client.lock(lock_name, ttl=10) as lock:
+        lock.write_mark("short", b"v", ttl=1)
+        lock.write_mark("long", b"v", ttl=600)
+        assert client.read_mark(lock_name, "short") == b"v"
+    # At least 1 s, at most a tenth of it or a second more (etcd: whole seconds, and its minimum lease of about
+    # 2 s); 10 s is a generous bound for a loaded machine. No sweeper runs: the service expires it.
+    wait_until(lambda: client.read_mark(lock_name, "short") is None, 10, "the mark to expire")
+    assert client.read_mark(lock_name, "long") == b"v"
+
+
+@NOT_MARKING
+def test_services_without_marks_refuse_them_naming_those_that_keep_them(
+    client: distlock.Client, lock_name: str
+) -> None:
+    with client.lock(lock_name, ttl=10) as lock:
+        with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd and Redis"):
+            lock.write_mark("task-1", b"v", ttl=60)
+        assert lock.owned()
+    with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd and Redis"):
+        client.read_mark(lock_name, "task-1")
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+def test_bad_marks_are_refused_before_anything_is_sent(client: distlock.Client, lock_name: str) -> None:
+    with client.lock(lock_name, ttl=10) as lock:
+        with pytest.raises(distlock.InvalidLockName, match="a mark key must not be empty"):
+            lock.write_mark("", b"v", ttl=60)
+        with pytest.raises(distlock.ConfigurationError, match="a mark's value must be bytes"):
+            lock.write_mark("k", "text", ttl=60)  # type: ignore[arg-type]
+        with pytest.raises(distlock.ConfigurationError, match="at most 65536"):
+            lock.write_mark("k", b"x" * 65537, ttl=60)
+        with pytest.raises(distlock.ConfigurationError, match="ttl"):
+            lock.write_mark("k", b"v", ttl=0)
+        with pytest.raises(distlock.InvalidLockName, match="mark key"):
+            client.read_mark(lock_name, "bad\x00key")
+        assert lock.owned()
