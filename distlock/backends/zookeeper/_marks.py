@@ -54,9 +54,10 @@ def _bound_of(bucket: str) -> int | None:
 
 
 def _expiry(data: bytes, stat: Any) -> tuple[bytes, int]:
-    """A mark's value and when it expires (server ms): its last write's ``mtime`` plus its TTL."""
+    """A mark's value and when it expires (server ms): its last write's ``mtime`` plus its TTL (a node that is no
+    mark's, written by hand, counts as expired)."""
     ttl_ms, _, value = data.partition(b"\n")
-    return value, int(stat.mtime) + int(ttl_ms)
+    return value, int(stat.mtime) + (int(ttl_ms) if ttl_ms.isdigit() else 0)
 
 
 class Marks:
