@@ -284,3 +284,19 @@ def test_expired_marks_are_swept_by_a_later_write_and_live_ones_stay(
     assert [path.partition("/")[2] for path in left if "/" in path] == ["invoice%mlong", "invoice%mpoke"]
     # Nothing else stays: the lock's node went with its last entry; the live marks go when they expire.
     assert sorted(znodes_under(zk, f"/{chroot}/distlock")) == sorted([marks, *(f"{marks}/{path}" for path in left)])
+
+
+def test_a_sweep_keeps_a_live_mark_that_a_slow_writer_put_in_a_bucket_past_its_bound(
+    zookeeper_url: str, zk: KazooClient, chroot: str
+) -> None:
+    # A writer paused between reading the server's time and its multi-op may land its mark in a bucket whose bound
+    # has passed: the sweep judges each mark by its own mtime and TTL, and keeps the bucket while a mark is in it.
+    marks = f"/{chroot}/distlock/%marks"
+    with distlock.connect(f"{zookeeper_url}/{chroot}") as client:
+        with client.lock("invoice", ttl=10) as lock:
+            lock.write_mark("first", b"v", ttl=600)  # makes the marks' node
+            zk.create(f"{marks}/t1", b"")  # a bucket whose bound (1 ms after the epoch) has long passed
+            zk.create(f"{marks}/t1/invoice%mslow", b"600000\nlate")
+            lock.write_mark("next", b"v", ttl=600)  # sweeps t1
+        assert client.read_mark("invoice", "slow") == b"late"
+        assert zk.get_children(f"{marks}/t1") == ["invoice%mslow"]
