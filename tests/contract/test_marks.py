@@ -1,6 +1,6 @@
 """Marks (``Lock.write_mark``, ``Client.read_mark``): a holder's small value under a key of its lock, written only
 while the hold lasts, kept after it, and gone by itself after its TTL; never a lock. On the services that keep them
-(memory, etcd, Redis); the others refuse them where they are asked for."""
+(memory, etcd, Redis, ZooKeeper); the others refuse them where they are asked for."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from _support import wait_until
 import distlock
 from distlock._protocol import Lease
 
-#: The services that keep marks; ZooKeeper and the SQL lock table do not (their ``unsupported`` says why).
-MARKING = pytest.mark.parametrize("backend", ["memory", "etcd", "redis"], indirect=True)
-NOT_MARKING = pytest.mark.parametrize("backend", ["zookeeper", "postgres-table"], indirect=True)
+#: The services that keep marks; the SQL lock table does not (its ``unsupported`` says why).
+MARKING = pytest.mark.parametrize("backend", ["memory", "etcd", "redis", "zookeeper"], indirect=True)
+NOT_MARKING = pytest.mark.parametrize("backend", ["postgres-table"], indirect=True)
 
 
 @MARKING
@@ -87,10 +87,10 @@ def test_services_without_marks_refuse_them_naming_those_that_keep_them(
     client: distlock.Client, lock_name: str
 ) -> None:
     with client.lock(lock_name, ttl=10) as lock:
-        with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd and Redis"):
+        with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd, Redis and ZooKeeper"):
             lock.write_mark("task-1", b"v", ttl=60)
         assert lock.owned()
-    with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd and Redis"):
+    with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd, Redis and ZooKeeper"):
         client.read_mark(lock_name, "task-1")
 
 

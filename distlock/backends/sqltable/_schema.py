@@ -58,7 +58,7 @@ LAYOUT = 2
 UNSUPPORTED: Mapping[str, str] = MappingProxyType(
     {
         MARKS: "the SQL lock table keeps no marks (values that expire by themselves): that needs a table of its own, "
-        "a schema change not made yet. Marks are kept on etcd and Redis"
+        "a schema change not made yet. Marks are kept on etcd, Redis and ZooKeeper"
     }
 )
 

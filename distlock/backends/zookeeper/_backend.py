@@ -10,7 +10,8 @@ session left: nothing stays per name. Sequence numbers start again with each new
 the zxid every holder of a name. A lock's record is the data of the lock's own node, set in one multi-op with a
 check of the writer's node, and pinned by an empty child. Releases are version-checked deletes of the ticket's own
 path; a retried join first looks for its nonce and lease, so it never queues twice, and ``discard`` removes a node a
-late copy made. How it maps onto ZooKeeper: docs/operations/zookeeper.md.
+late copy made. Marks live beside the locks' nodes, in time buckets swept by their writers (``_marks``). How it maps
+onto ZooKeeper: docs/operations/zookeeper.md.
 
 What can go wrong: servers down or between leaders (retried until ``request_timeout``, then ``BackendUnavailable``);
 a session the ensemble expired (``LeaseGone`` for a join on it; ``keep_alive`` reports it gone and the core declares
@@ -32,7 +33,6 @@ from ... import _clock
 from ..._errors import BackendError, BackendUnavailable, ClientClosed, ConfigurationError, LockKindMismatch
 from ..._names import escape_name, unescape_name
 from ..._protocol import (
-    MARKS,
     Head,
     Holder,
     Interrupt,
@@ -57,6 +57,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
         "the ZooKeeper backend needs the 'zookeeper' extra: pip install 'distlock-fenced[zookeeper]' (kazoo)"
     ) from _e
 
+from ._marks import MARKS_ROOT, Marks
 from ._sessions import RECORD_PIN, Sessions, queue_order, sequence
 
 __all__ = ["ZooKeeperBackend"]
@@ -122,12 +123,7 @@ def _on_change(woken: threading.Event) -> Callable[[Any], None]:
 class ZooKeeperBackend:
     """Lock primitives on one ZooKeeper ensemble. Thread-safe; opens new sessions lazily after ``fork()``."""
 
-    unsupported: Mapping[str, str] = MappingProxyType(
-        {
-            MARKS: "ZooKeeper keeps no marks (values that expire by themselves): it expires no node but its TTL nodes, "
-            "which need extendedTypesEnabled on every server. Marks are kept on etcd and Redis"
-        }
-    )
+    unsupported: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
         self,
@@ -143,6 +139,7 @@ class ZooKeeperBackend:
         self._root = "/" + base
         self._sessions = Sessions(hosts, connect_timeout=connect_timeout, request_timeout=request_timeout)
         self.description = self._sessions.description
+        self._marks = Marks(self._sessions, self._root)
 
     def after_fork(self) -> None:
         self._sessions.after_fork()
@@ -157,7 +154,7 @@ class ZooKeeperBackend:
         return f"{self._root}/{escaped}"
 
     def _lock_nodes(self, client: KazooClient, what: str) -> list[str]:
-        """The escaped names of every lock under this prefix (empty ones too)."""
+        """The escaped names of every lock under this prefix (empty ones too; not the marks' node beside them)."""
 
         def request(each: Attempt) -> list[str]:
             try:
@@ -166,7 +163,7 @@ class ZooKeeperBackend:
                 return []
 
         names, _ = self._sessions.call(what, request)
-        return names
+        return [name for name in names if name != MARKS_ROOT]
 
     def check(self) -> None:
         # A session of its own, closed again: a client that only takes locks then keeps one connection per lease,
@@ -368,6 +365,13 @@ class ZooKeeperBackend:
             return written
 
         return self._sessions.on_reader(ticket, request)
+
+    def write_mark(self, ticket: Ticket, key: str, value: bytes, ttl: float) -> bool:
+        # The check of write_record, in the mark's multi-op; the layout, expiry and sweep: ``_marks``.
+        return self._sessions.on_reader(ticket, lambda client: self._marks.write(client, ticket, key, value, ttl))
+
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        return self._marks.read(name, key)
 
     def read_record(self, name: str) -> bytes | None:
         client = self._sessions.main()

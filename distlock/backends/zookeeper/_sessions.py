@@ -321,8 +321,8 @@ class Sessions:
         return stat
 
     def make_lock_node(self, client: KazooClient, path: str) -> Any:
-        """Send the request that makes the lock's node ``path`` as an empty CONTAINER; kazoo's async result of it
-        (``NodeExistsError`` when it exists, ``NoNodeError`` when the prefix's node does not).
+        """Send the request that makes the lock's node ``path`` (or a marks' node, ``_marks``) as an empty CONTAINER;
+        kazoo's async result of it (``NodeExistsError`` when it exists, ``NoNodeError`` when its parent does not).
 
         Through kazoo's private ``_call`` (2.10 and later have it; every join passes here, so any lock test catches
         a kazoo that changed it). Our sessions have no kazoo chroot (the URL's is in every path): ``path`` goes as is.

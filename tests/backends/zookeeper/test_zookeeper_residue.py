@@ -257,3 +257,46 @@ def test_a_client_of_the_old_layout_works_beside_a_new_one(
         assert waiter.owned() and waiter.token > old_stat.czxid
         waiter.release()
         assert not zk.exists(parent)
+
+
+def test_expired_marks_are_swept_by_a_later_write_and_live_ones_stay(
+    zookeeper_url: str, zk: KazooClient, chroot: str
+) -> None:
+    # Marks stay after close until they expire and a later mark's write sweeps them (docs/operations/zookeeper.md,
+    # "Marks"): their node beside the locks' is a CONTAINER of time buckets, each deleted once its marks expired.
+    marks = f"/{chroot}/distlock/%marks"
+    with distlock.connect(f"{zookeeper_url}/{chroot}") as client:
+        with client.lock("invoice", ttl=10) as lock:
+            lock.write_mark("short", b"v", ttl=1)
+            lock.write_mark("long", b"v", ttl=600)
+            (short_bucket,) = [b for b in zk.get_children(marks) if zk.exists(f"{marks}/{b}/invoice%mshort")]
+            assert len(zk.get_children(f"/{chroot}/distlock/invoice")) == 1  # the lock's node: its entry only
+
+            def swept() -> bool:
+                lock.write_mark("poke", b"v", ttl=600)
+                return not zk.exists(f"{marks}/{short_bucket}")
+
+            # The bucket's bound is at most 1 s plus two of its 1 s widths past the write: 15 s is generous.
+            wait_until(swept, 15, "the expired mark's bucket to be swept", interval=0.5)
+        assert client.read_mark("invoice", "short") is None
+        assert client.read_mark("invoice", "long") == b"v"
+    left = sorted(path.removeprefix(marks + "/") for path in znodes_under(zk, marks))
+    assert [path.partition("/")[2] for path in left if "/" in path] == ["invoice%mlong", "invoice%mpoke"]
+    # Nothing else stays: the lock's node went with its last entry; the live marks go when they expire.
+    assert sorted(znodes_under(zk, f"/{chroot}/distlock")) == sorted([marks, *(f"{marks}/{path}" for path in left)])
+
+
+def test_a_sweep_keeps_a_live_mark_that_a_slow_writer_put_in_a_bucket_past_its_bound(
+    zookeeper_url: str, zk: KazooClient, chroot: str
+) -> None:
+    # A writer paused between reading the server's time and its multi-op may land its mark in a bucket whose bound
+    # has passed: the sweep judges each mark by its own mtime and TTL, and keeps the bucket while a mark is in it.
+    marks = f"/{chroot}/distlock/%marks"
+    with distlock.connect(f"{zookeeper_url}/{chroot}") as client:
+        with client.lock("invoice", ttl=10) as lock:
+            lock.write_mark("first", b"v", ttl=600)  # makes the marks' node
+            zk.create(f"{marks}/t1", b"")  # a bucket whose bound (1 ms after the epoch) has long passed
+            zk.create(f"{marks}/t1/invoice%mslow", b"600000\nlate")
+            lock.write_mark("next", b"v", ttl=600)  # sweeps t1
+        assert client.read_mark("invoice", "slow") == b"late"
+        assert zk.get_children(f"{marks}/t1") == ["invoice%mslow"]

@@ -404,5 +404,5 @@ def test_once_on_a_lock_service_without_marks_fails_the_run_naming_those_with_ma
     task: Any = decorate(body)
     result = task.apply((7,))
     assert isinstance(result.result, distlock.ConfigurationError) and ran == []
-    assert "Marks are kept on etcd and Redis" in str(result.result)
+    assert "Marks are kept on etcd, Redis and ZooKeeper" in str(result.result)
     assert get_client(app).holder(task.singleton_key((7,))) is None  # the lock was released
