@@ -125,7 +125,7 @@ class ZooKeeperBackend:
     unsupported: Mapping[str, str] = MappingProxyType(
         {
             MARKS: "ZooKeeper keeps no marks (values that expire by themselves): it expires no node but its TTL nodes, "
-            "which need extendedTypesEnabled on every server. Marks are kept on etcd and Redis"
+            "which need extendedTypesEnabled on every server. Marks are kept on etcd, Redis and the SQL lock tables"
         }
     )
 
