@@ -391,10 +391,11 @@ def test_once_runs_each_attempt_of_a_task_id_once(app: Celery) -> None:
     assert get_client(app).holder(report.singleton_key((7,))) is None
 
 
+@pytest.mark.parametrize("backend", ["zookeeper"], indirect=True)
 def test_once_on_a_lock_service_without_marks_fails_the_run_naming_those_with_marks(
-    app: Celery, tmp_path: Path
+    app: Celery, backend_url: str
 ) -> None:
-    app.conf.distlock_url = f"sql+sqlite:///{tmp_path / 'locks.db'}"
+    app.conf.distlock_url = backend_url
     ran: list[int] = []
 
     def body(n: int) -> None:
@@ -404,5 +405,5 @@ def test_once_on_a_lock_service_without_marks_fails_the_run_naming_those_with_ma
     task: Any = decorate(body)
     result = task.apply((7,))
     assert isinstance(result.result, distlock.ConfigurationError) and ran == []
-    assert "Marks are kept on etcd and Redis" in str(result.result)
+    assert "Marks are kept on etcd, Redis and the SQL lock tables" in str(result.result)
     assert get_client(app).holder(task.singleton_key((7,))) is None  # the lock was released
