@@ -134,7 +134,8 @@ class Client:
 
     def read_mark(self, name: str, key: str) -> bytes | None:
         """Mark ``key`` of lock ``name`` as a holder wrote it (``Lock.write_mark``), or None when none was written
-        or it expired. Raises ``ConfigurationError`` on a service that keeps no marks (the SQL lock tables),
+        or it expired. Raises ``ConfigurationError`` on a service that keeps no marks (a backend of
+        your own that declares none; every service distlock ships keeps them),
         ``InvalidLockName`` for a bad name or key."""
         self._context.check_open()
         return self._context.read_mark(name, key)

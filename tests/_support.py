@@ -15,14 +15,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import MappingProxyType, ModuleType, TracebackType
 from typing import Any, Self
 
 import distlock
 import distlock.backends
-from distlock.testing import EtcdServer, MariaDBServer, PostgresServer, RedisServer, ZooKeeperServer
+from distlock._protocol import MARKS
+from distlock.testing import EtcdServer, MariaDBServer, MemoryBackend, PostgresServer, RedisServer, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -308,3 +309,13 @@ class LockServer:
             return self.server.packets_received()
         stats = self.server.command_stats()
         return sum(calls for command, calls in stats.items() if not command.startswith(_NOT_LOCK_TRAFFIC))
+
+
+UNMARKED = "this test's backend keeps no marks"
+
+
+class Unmarked(MemoryBackend):
+    """A backend of one's own that keeps no marks (every service distlock ships keeps them; a third-party backend
+    may not): it says so in ``unsupported``, with ``UNMARKED`` as its reason."""
+
+    unsupported: Mapping[str, str] = MappingProxyType({**MemoryBackend.unsupported, MARKS: UNMARKED})

@@ -9,9 +9,10 @@ mark of this attempt (``request.retries``) or a later one means the body ran, an
 without running it. The mark expires after ``once_ttl``. A run killed mid-body marks nothing, so its redelivery
 runs: at least once, as ``acks_late`` intends. ``Reject`` marks nothing (the task asked for its message back).
 
-What can go wrong: a lock service without marks (the SQL lock tables) raises ``ConfigurationError`` at the
-read; a run whose lock was lost cannot mark (``LockLost``, logged: a redelivery may run it again, and its fenced
-writes were refused anyway); a mark that cannot be read as one is logged and counts as none.
+What can go wrong: a lock service without marks (a backend of your own that declares none) raises
+``ConfigurationError`` at the read; a run whose lock was lost cannot mark (``LockLost``, logged: a redelivery may
+run it again, and its fenced writes were refused anyway); a mark that cannot be read as one is logged and counts as
+none.
 """
 
 from __future__ import annotations

@@ -154,9 +154,9 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     - ``once`` (default False): a task id's body runs once across deliveries of its message (``acks_late``
       redeliveries, a broker's ``visibility_timeout``): a run that ends marks its task id on its lock, and a later
       delivery of that attempt finds the mark and is acknowledged without running (``Ignore``: the first run's
-      result stays). A run killed mid-body runs again. Needs a lock service with marks (etcd, Redis, ZooKeeper):
-      elsewhere the run raises ``ConfigurationError``. ``once_ttl`` (default 86400 s, Celery's ``result_expires``
-      default): how long a finished task id is remembered.
+      result stays). A run killed mid-body runs again. Needs a lock service with marks (every service distlock
+      ships): elsewhere the run raises ``ConfigurationError``. ``once_ttl`` (default 86400 s, Celery's
+      ``result_expires`` default): how long a finished task id is remembered.
     """
 
     unique_on: ClassVar[object] = None

@@ -1,18 +1,22 @@
 """Marks (``Lock.write_mark``, ``Client.read_mark``): a holder's small value under a key of its lock, written only
 while the hold lasts, kept after it, and gone by itself after its TTL; never a lock. On the services that keep them
-(memory, etcd, Redis, ZooKeeper); the others refuse them where they are asked for."""
+(every service: memory, etcd, Redis, ZooKeeper, the SQL lock table on its three databases: ``every_database``, their
+SQL differs); a backend that declares none refuses them where they are asked for. How the SQL lock table sweeps
+expired marks: tests/backends/sqltable/test_sqltable_residue.py; ZooKeeper's buckets:
+tests/backends/zookeeper/test_zookeeper_residue.py."""
 
 from __future__ import annotations
 
 import pytest
-from _support import wait_until
+from _support import SQL_TABLES, UNMARKED, Unmarked, wait_until
 
 import distlock
 from distlock._protocol import Lease
 
-#: The services that keep marks; the SQL lock table does not (its ``unsupported`` says why).
-MARKING = pytest.mark.parametrize("backend", ["memory", "etcd", "redis", "zookeeper"], indirect=True)
-NOT_MARKING = pytest.mark.parametrize("backend", ["postgres-table"], indirect=True)
+pytestmark = pytest.mark.every_database
+
+#: Every service keeps marks.
+MARKING = pytest.mark.parametrize("backend", ["memory", "etcd", "redis", "zookeeper", *SQL_TABLES], indirect=True)
 
 
 @MARKING
@@ -24,12 +28,14 @@ def test_a_mark_written_while_holding_is_read_after_the_hold_and_is_never_a_lock
         lock.write_mark("task-1", b'{"attempt": 0}', ttl=60)
         lock.write_mark("task-1", b'{"attempt": 1}', ttl=60)  # written again: the newer value
         lock.write_mark("a/b{c}%2F", b"odd key", ttl=60)
+        lock.write_mark("largest", bytes(range(256)) * 256, ttl=60)  # 64 KiB, every byte value
         (state,) = [state for state in client.inspect() if state.name == lock_name]
         assert (len(state.holders), state.waiters) == (1, ())
         holder = client.holder(lock_name)
         assert holder is not None and (holder.token, holder.holders, holder.waiters) == (lock.token, 1, 0)
     assert client.read_mark(lock_name, "task-1") == b'{"attempt": 1}'
     assert client.read_mark(lock_name, "a/b{c}%2F") == b"odd key"
+    assert client.read_mark(lock_name, "largest") == bytes(range(256)) * 256
     assert client.read_mark(lock_name, "task-2") is None
     assert client.read_mark(lock_name + "/other", "task-1") is None
     assert client.holder(lock_name) is None
@@ -82,16 +88,14 @@ def test_a_mark_expires_by_itself_after_its_ttl(client: distlock.Client, lock_na
     assert client.read_mark(lock_name, "long") == b"v"
 
 
-@NOT_MARKING
-def test_services_without_marks_refuse_them_naming_those_that_keep_them(
-    client: distlock.Client, lock_name: str
-) -> None:
-    with client.lock(lock_name, ttl=10) as lock:
-        with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd, Redis and ZooKeeper"):
-            lock.write_mark("task-1", b"v", ttl=60)
-        assert lock.owned()
-    with pytest.raises(distlock.ConfigurationError, match="Marks are kept on etcd, Redis and ZooKeeper"):
-        client.read_mark(lock_name, "task-1")
+def test_a_backend_without_marks_refuses_them_where_they_are_asked_for(lock_name: str) -> None:
+    with distlock.Client(Unmarked("unmarked")) as client:
+        with client.lock(lock_name, ttl=10) as lock:
+            with pytest.raises(distlock.ConfigurationError, match=UNMARKED):
+                lock.write_mark("task-1", b"v", ttl=60)
+            assert lock.owned()
+        with pytest.raises(distlock.ConfigurationError, match=UNMARKED):
+            client.read_mark(lock_name, "task-1")
 
 
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)

@@ -1,4 +1,4 @@
-"""The SQL lock table backend: the primitives of ``_protocol.Backend`` as rows of three tables (``_schema``) in the
+"""The SQL lock table backend: the primitives of ``_protocol.Backend`` as rows of its tables (``_schema``) in the
 application's own database, through SQLAlchemy Core (PostgreSQL with psycopg, MariaDB/MySQL with PyMySQL, SQLite).
 How it works — leases on the database server's clock, row ids as tokens, joins of one lock serialised on its row,
 waiting by LISTEN/NOTIFY or by polling: docs/operations/sql-table.md.
@@ -70,6 +70,7 @@ from ._dialects import (
     server_now,
     set_up_sessions,
 )
+from ._marks import mark_reader, mark_writer
 from ._notify import (
     ListenConnections,
     LocalWakeups,
@@ -90,6 +91,7 @@ from ._queue import (
     remove_entries_of,
     same_place,
     seconds,
+    still_holds,
 )
 from ._schema import UNSUPPORTED, Tables, create_missing_tables, earlier_layout, lock_tables, name_key
 
@@ -106,9 +108,9 @@ _EXPIRY_SLACK = 0.01
 
 
 class SqlTableBackend:
-    """Lock primitives in three tables of one SQL database. Thread-safe; new connections after ``fork()``."""
+    """Lock primitives in the tables of one SQL database. Thread-safe; new connections after ``fork()``."""
 
-    unsupported: Mapping[str, str] = UNSUPPORTED  # every capability but marks
+    unsupported: Mapping[str, str] = UNSUPPORTED  # none: every capability is kept
 
     def __init__(
         self,
@@ -466,29 +468,23 @@ class SqlTableBackend:
         return deleted or attempts > 1  # a retried delete whose first attempt landed finds nothing: done
 
     def write_record(self, ticket: Ticket, value: bytes) -> bool:
-        tables = self._tables
-        w, leases, locks = tables.waiters, tables.leases, tables.locks
+        locks = self._tables.locks
 
         def request(connection: Connection, each: Attempt) -> bool:
-            # Locking reads of the lock's row (in the order a join takes it) and of the ticket's row: a waiter that
-            # removes the ticket as dead (its lease ran out) must wait for this transaction, or this one sees the
-            # row gone. Without the row lock a write could pass its check, the successor remove the row and read
-            # the record, and the write land after that read.
-            key = name_key(ticket.name)
-            connection.execute(sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update())
-            row = connection.execute(
-                sa.select(w.c.id).where(w.c.id == ticket.token, w.c.name == ticket.name).with_for_update()
-            ).first()
-            alive = connection.execute(
-                sa.select(leases.c.id).where(leases.c.id == ticket.lease_id, leases.c.expires_at > server_now())
-            ).first()
-            if row is None or alive is None:
+            if not still_holds(connection, self._tables, ticket):
                 return False
             connection.execute(sa.update(locks).where(locks.c.name_key == name_key(ticket.name)).values(record=value))
             return True
 
         written, _ = self._run(f"write the record of lock {ticket.name!r}", request)
         return written
+
+    def write_mark(self, ticket: Ticket, key: str, value: bytes, ttl: float) -> bool:
+        request = mark_writer(self._tables, self._dialect, ticket, key, value, ttl)
+        return self._run(f"write mark {key!r} of lock {ticket.name!r}", request)[0]
+
+    def read_mark(self, name: str, key: str) -> bytes | None:
+        return self._run(f"read mark {key!r} of lock {name!r}", mark_reader(self._tables, name, key), writes=False)[0]
 
     def read_record(self, name: str) -> bytes | None:
         locks = self._tables.locks

@@ -3,8 +3,9 @@ server's clock (:func:`read_entries`), and where an entry stands among the live 
 ``_shape`` (:func:`place_of`), with what a waiter needs to wait well (:class:`WaitingPosition`); and what a removal
 of entries does with their names' rows in ``<prefix>_locks``: lock them first (:func:`lock_names`), remove those
 left without entries after (:func:`forget_emptied`; a release: :func:`forget_if_emptied`), as when a lease's
-entries go (:func:`remove_entries_of`). On tables of the earlier layout (``Tables.removes_name_rows`` false) the
-rows stay and nothing is locked for them, as the earlier release did: its joins rely on that (``_schema``).
+entries go (:func:`remove_entries_of`); and whether a ticket still holds, for a holder's write of a record or a
+mark (:func:`still_holds`). On tables of the earlier layout (``Tables.removes_name_rows`` false) the rows stay and
+nothing is locked for them, as the earlier release did: its joins rely on that (``_schema``).
 
 An entry whose lease expired, or whose lease row is gone, is dead: its lease never comes back, so whoever reads it
 dead may remove it (the backend does, in the same transaction). What can go wrong: nothing is raised here; a read
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..._protocol import Position
+from ..._protocol import Position, Ticket
 from ..._shape import holding, kind_of, waits_on
 from ._dialects import server_now
 from ._schema import Tables, name_key
@@ -36,6 +37,7 @@ __all__ = [
     "remove_entries_of",
     "same_place",
     "seconds",
+    "still_holds",
 ]
 
 
@@ -172,3 +174,23 @@ def forget_if_emptied(connection: Connection, tables: Tables, name: str) -> None
     ):
         lock_names(connection, tables, [name])
         forget_emptied(connection, tables, [name])
+
+
+def still_holds(connection: Connection, tables: Tables, ticket: Ticket) -> bool:
+    """Whether ``ticket``'s entry is still there with its lease alive, for a holder's write in the same transaction
+    (a record, a mark): an entry that held holds until it is removed.
+
+    Locking reads of the lock's row (in the order a join takes it) and of the ticket's row: a waiter that removes the
+    ticket as dead (its lease ran out) must wait for this transaction, or this one sees the row gone. Without the row
+    lock a write could pass its check, the successor remove the row and read what was written, and the write land
+    after that read."""
+    w, leases, locks = tables.waiters, tables.leases, tables.locks
+    key = name_key(ticket.name)
+    connection.execute(sa.select(locks.c.name_key).where(locks.c.name_key == key).with_for_update())
+    row = connection.execute(
+        sa.select(w.c.id).where(w.c.id == ticket.token, w.c.name == ticket.name).with_for_update()
+    ).first()
+    alive = connection.execute(
+        sa.select(leases.c.id).where(leases.c.id == ticket.lease_id, leases.c.expires_at > server_now())
+    ).first()
+    return row is not None and alive is not None

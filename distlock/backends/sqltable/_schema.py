@@ -1,4 +1,4 @@
-"""The SQL lock table's schema: its three tables, named after a prefix (:func:`lock_tables`), their DDL for a DBA
+"""The SQL lock table's schema: its four tables, named after a prefix (:func:`lock_tables`), their DDL for a DBA
 (:func:`table_ddl`, the one place it is written; ``distlock sql-tables`` prints it), creating the missing ones and
 reading the layout (:func:`create_missing_tables`), and the key of a lock's row (:func:`name_key`).
 
@@ -8,13 +8,15 @@ reading the layout (:func:`create_missing_tables`), and the key of a lock's row 
     <prefix>_waiters  (id, name, lease_id, nonce, owner)     one row per queue entry; id is the fencing token
     <prefix>_locks    (name_key, record)                     one row per lock name with an entry (or an election's
                                                              record): serialises joins, keeps the record
+    <prefix>_marks    (name_key, mark_key, value, expires_at)  one row per mark of a lock (``_marks``), until it expires
     <prefix>_layout   (version)                              the layout marker: one row, this release's LAYOUT
 
 The layout: tables without the marker are the earlier release's, whose joins rely on a name's row staying for ever
 (they look for it, make it without locking, then lock it); so there the rows stay, and the earlier release's
-clients can run beside this one's. Only a fresh install (none of the three tables) or the upgrade step
+clients can run beside this one's. Only a fresh install (none of the tables) or the upgrade step
 (``distlock sql-tables --upgrade``, once no client of the earlier release runs) makes the marker, and with it a
-name's row goes with the last entry of its queue. (docs/operations/sql-table.md, "Upgrading".)
+name's row goes with the last entry of its queue. (docs/operations/sql-table.md, "Upgrading".) The marks table
+came later than the other three: on tables made without it, it is made as any missing table is, whatever the layout.
 
 What can go wrong: nothing here talks to a database but :func:`create_missing_tables`, whose errors (no privilege
 to create, a concurrent creator) its caller retries or translates. Why the ids never repeat on each database:
@@ -36,7 +38,6 @@ from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from ..._install import docs_url
-from ..._protocol import MARKS
 
 __all__ = [
     "LAYOUT",
@@ -54,13 +55,8 @@ __all__ = [
 #: the last entry of its queue. Tables without the marker are of the earlier layout, 1: a row per name for ever.
 LAYOUT = 2
 
-#: What these tables cannot keep (``Backend.unsupported``): marks, which would need a table of their own.
-UNSUPPORTED: Mapping[str, str] = MappingProxyType(
-    {
-        MARKS: "the SQL lock table keeps no marks (values that expire by themselves): that needs a table of its own, "
-        "a schema change not made yet. Marks are kept on etcd, Redis and ZooKeeper"
-    }
-)
+#: What these tables cannot keep (``Backend.unsupported``): nothing, every capability is kept.
+UNSUPPORTED: Mapping[str, str] = MappingProxyType({})
 
 #: The longest lock name (``_names.MAX_NAME_BYTES``: 1,024 bytes of UTF-8, so at most 1,024 characters).
 _NAME_LENGTH = 1024
@@ -74,6 +70,7 @@ class Tables:
     leases: sa.Table
     waiters: sa.Table
     locks: sa.Table
+    marks: sa.Table
     #: In a MetaData of its own: made only by a fresh install or the upgrade step, never as "missing".
     layout_marker: sa.Table
     #: The database's layout, once :func:`create_missing_tables` read it; None before.
@@ -86,7 +83,8 @@ class Tables:
 
 
 def lock_tables(prefix: str) -> Tables:
-    """The three tables of the lock table named ``<prefix>_leases``, ``<prefix>_waiters``, ``<prefix>_locks``."""
+    """The tables of the lock table named ``<prefix>_leases``, ``<prefix>_waiters``, ``<prefix>_locks``,
+    ``<prefix>_marks``, and its layout marker ``<prefix>_layout``."""
     metadata = sa.MetaData()
     token = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite's AUTOINCREMENT needs INTEGER
     # MariaDB/MySQL: UTF-8 and a binary collation, so names compare as they do elsewhere ('A' is not 'a').
@@ -122,10 +120,21 @@ def lock_tables(prefix: str) -> Tables:
         sa.Column("record", sa.LargeBinary(length=2**24 - 1), nullable=True),
         **text_options,
     )
+    marks = sa.Table(
+        f"{prefix}_marks",
+        metadata,
+        sa.Column("name_key", sa.String(64), primary_key=True),  # the lock's name_key, as in <prefix>_locks
+        sa.Column("mark_key", sa.String(64), primary_key=True),  # sha256 of the mark's key, hex: as a name's
+        # A MEDIUMBLOB on MariaDB/MySQL, as the record: a BLOB keeps 65,535 bytes, one short of a mark's largest.
+        sa.Column("value", sa.LargeBinary(length=2**24 - 1), nullable=False),
+        sa.Column("expires_at", sa.Double(), nullable=False),  # by the database server's clock (server_now)
+        sa.Index(f"{prefix}_marks_expires_at", "expires_at"),
+        **text_options,
+    )
     layout_marker = sa.Table(
         f"{prefix}_layout", sa.MetaData(), sa.Column("version", sa.Integer(), primary_key=True, autoincrement=False)
     )
-    return Tables(metadata, leases, waiters, locks, layout_marker)
+    return Tables(metadata, leases, waiters, locks, marks, layout_marker)
 
 
 def table_ddl(url: URL, prefix: str) -> list[str]:
@@ -165,7 +174,7 @@ def _mark(dialect: Dialect, marker: sa.Table) -> Any:
 
 def create_missing_tables(connection: Connection, tables: Tables, *, upgrade: bool = False) -> Tables:
     """Create the tables and indexes of ``tables`` that ``connection``'s database lacks, and read its layout:
-    ``tables`` with it. The marker is made with the tables when none of the three was there, or when ``upgrade``
+    ``tables`` with it. The marker is made with the tables when none of them was there, or when ``upgrade``
     (the upgrade step); tables of the earlier release are left without it, so their layout is 1."""
     # Look first: creating needs privileges that a table a DBA made beforehand does not.
     present = set(sa.inspect(connection).get_table_names())

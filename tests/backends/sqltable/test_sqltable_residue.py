@@ -4,6 +4,11 @@ racing the removal of its name's row keeps its serialisation, in either order; t
 row is deleted and the database restarts; a queue read touches only its name's live entries, however often the name
 was taken. Each test has tables of its own (a fresh ``?prefix=``), so "nothing left" is "the tables are empty".
 
+Marks (``<prefix>_marks``) are not left by a lock's holders but written on purpose, to outlive the hold until their
+TTL: an unexpired mark stays after its client closed, by design. Once expired, a read ignores it and the next write
+of any mark removes it, at most ``SWEEP_BATCH`` of them per write, so that the table does not keep them; tables made
+before marks get the table at the first connect, and keep their layout.
+
 A rolling upgrade from the earlier release, whose tables have no layout marker (``<prefix>_layout``) and keep a
 name's row in ``<prefix>_locks`` for ever: this release's clients on those tables keep the rows too (and say so
 once), so that an earlier client's join, which looks for its name's row with a lock, makes it without one when
@@ -33,12 +38,13 @@ import distlock.backends
 from distlock._cli import main
 from distlock.backends.sqltable import _queue as sqltable_queue
 from distlock.backends.sqltable._dialects import server_now
+from distlock.backends.sqltable._marks import SWEEP_BATCH
 from distlock.backends.sqltable._schema import LAYOUT, lock_tables, name_key
 from distlock.testing import MariaDBServer
 
 pytestmark = [pytest.mark.every_database, pytest.mark.parametrize("backend", SQL_TABLES, indirect=True)]
 
-TABLES = ("leases", "waiters", "locks")
+TABLES = ("leases", "waiters", "locks", "marks")
 
 
 def _with_prefix(url: str, prefix: str) -> str:
@@ -116,13 +122,13 @@ def test_nothing_is_left_after_every_holder_and_waiter_is_gone(tables: Tables) -
             reader.release()
         with rw.write():
             pass
-        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0}  # the open client's lease
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0, "marks": 0}  # the open client's lease
         with client.election("unrecorded", ttl=10):
             pass
         with client.election("leader", ttl=10) as election:
             election.record("the ledger")
     # An election's record lives on, by design: the one row left.
-    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 1}
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 1, "marks": 0}
     with distlock.connect(tables.url) as client:
         assert client.election("leader").recorded() == b"the ledger"
 
@@ -135,8 +141,44 @@ def test_a_closed_clients_entries_go_with_its_lease(tables: Tables) -> None:
                 assert lock.acquire()
             waiting = holder.lock("held:0", ttl=10)
             assert not waiting.acquire(timeout=0)
-        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0}
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0, "marks": 0}
     assert tables.rows() == EMPTY
+
+
+def test_each_write_of_a_mark_removes_a_batch_of_expired_marks_of_any_lock(tables: Tables) -> None:
+    with distlock.connect(tables.url) as client:
+        with client.lock("invoice", ttl=10) as lock:
+            lock.write_mark("sent", b"v", ttl=LONG)
+        marks = lock_tables(tables.prefix).marks
+        expired = [
+            {"name_key": name_key(f"old:{number}"), "mark_key": name_key("k"), "value": b"x", "expires_at": 0.0}
+            for number in range(SWEEP_BATCH + 50)
+        ]
+        with tables.engine.begin() as connection:
+            connection.execute(sa.insert(marks), expired)
+        assert client.read_mark("old:0", "k") is None  # expired by the database's clock: never read, swept or not
+        assert tables.rows()["marks"] == SWEEP_BATCH + 51
+        with client.lock("invoice", ttl=10) as lock:
+            lock.write_mark("paid", b"v", ttl=LONG)
+        assert tables.rows()["marks"] == 52  # a batch went: 50 expired ones are left, and "sent" and "paid"
+        with client.lock("other", ttl=10) as lock:
+            lock.write_mark("k", b"v", ttl=LONG)
+        assert tables.rows()["marks"] == 3
+    # Unexpired marks outlive their client, by design, until their TTL; nothing else is left.
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 0, "marks": 3}
+
+
+def test_tables_made_before_marks_get_the_marks_table_at_the_first_connect_and_keep_their_layout(
+    tables: Tables,
+) -> None:
+    _earlier_layout(tables, marker=True)
+    assert not sa.inspect(tables.engine).has_table(f"{tables.prefix}_marks")
+    with distlock.connect(tables.url) as client:
+        with client.lock("a", ttl=LONG) as lock:
+            lock.write_mark("k", b"v", ttl=LONG)
+        assert client.read_mark("a", "k") == b"v"
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0, "marks": 1}  # this layout: the row went
+    assert _layout(tables) == [LAYOUT]
 
 
 def _expired_leases(tables: Tables) -> int:
@@ -158,12 +200,12 @@ def test_an_expired_holders_rows_go_with_the_next_read_of_its_queue_and_the_next
             holder.kill()
             semaphore_holder.kill()
             wait_until(lambda: _expired_leases(tables) == 2, 10, "both leases to expire by the database's clock")
-            assert tables.rows() == {"leases": 3, "waiters": 2, "locks": 2}
+            assert tables.rows() == {"leases": 3, "waiters": 2, "locks": 2, "marks": 0}
             with client.lock("crashed", ttl=10, timeout=0):  # the join finds the dead holder and removes it
-                assert tables.rows() == {"leases": 3, "waiters": 2, "locks": 2}
-            assert tables.rows() == {"leases": 3, "waiters": 1, "locks": 1}
+                assert tables.rows() == {"leases": 3, "waiters": 2, "locks": 2, "marks": 0}
+            assert tables.rows() == {"leases": 3, "waiters": 1, "locks": 1, "marks": 0}
             with distlock.connect(tables.url) as newcomer, newcomer.lock("other", ttl=10):
-                assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1}  # the two live clients' own
+                assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1, "marks": 0}  # the two live clients' own
     finally:
         holder.close()
         semaphore_holder.close()
@@ -234,10 +276,10 @@ def test_a_join_that_waits_for_the_removal_of_its_names_row_makes_it_anew(
         releasing.join(10)
         joining.join(10)
         assert got == [True]
-        assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1}
+        assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1, "marks": 0}
         assert joiner.token > token
         joiner.release()
-        assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 0}
+        assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 0, "marks": 0}
 
 
 def test_a_removal_that_waits_for_a_join_keeps_the_names_row(tables: Tables, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,9 +304,9 @@ def test_a_removal_that_waits_for_a_join_keeps_the_names_row(tables: Tables, mon
         releasing.join(10)
         joining.join(10)
         assert got == [True]
-        assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1}
+        assert tables.rows() == {"leases": 2, "waiters": 1, "locks": 1, "marks": 0}
         joiner.release()
-        assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 0}
+        assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 0, "marks": 0}
 
 
 @pytest.fixture
@@ -315,12 +357,18 @@ def test_a_queue_read_touches_only_the_live_entries_of_its_name(tables: Tables) 
                     seen.append(rows_read())
         assert seen == [1, 1]
         assert rows_read() == 0
-        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0}
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 0, "marks": 0}
 
 
-def _earlier_layout(tables: Tables) -> None:
-    """The tables as the earlier release made them: the same three, and no marker."""
-    lock_tables(tables.prefix).metadata.create_all(tables.engine)
+def _earlier_layout(tables: Tables, *, marker: bool = False) -> None:
+    """The tables as the earlier release made them: leases, waiters and locks, no marks table, and no marker (or,
+    ``marker``, as this release made them before it kept marks)."""
+    made = lock_tables(tables.prefix)
+    made.metadata.create_all(tables.engine, tables=[made.leases, made.waiters, made.locks])
+    if marker:
+        made.layout_marker.create(tables.engine)
+        with tables.engine.begin() as connection:
+            connection.execute(sa.insert(made.layout_marker).values(version=LAYOUT))
 
 
 def _layout(tables: Tables) -> list[int]:
@@ -374,8 +422,8 @@ def test_clients_on_the_earlier_layout_keep_the_names_rows_and_say_so_once(
             pass
         with client.lock("b", ttl=LONG), client.semaphore("c", limit=2, ttl=LONG):
             pass
-        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 3}
-    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 3}
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 3, "marks": 0}
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 3, "marks": 0}
     said = [record.getMessage() for record in caplog.records if "earlier layout" in record.getMessage()]
     assert len(said) == 1 and "distlock sql-tables --upgrade" in said[0], said
     assert _layout(tables) == []
@@ -442,14 +490,14 @@ def test_the_upgrade_step_marks_the_tables_once_and_clients_started_after_it_rem
         assert _layout(tables) == [LAYOUT]
         with running.lock("b", ttl=LONG):
             pass
-        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 2}
+        assert tables.rows() == {"leases": 1, "waiters": 0, "locks": 2, "marks": 0}
         with distlock.connect(tables.url) as restarted:
             with restarted.lock("a", ttl=LONG):
                 pass
-            assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 1}  # "b": its name not used since
+            assert tables.rows() == {"leases": 2, "waiters": 0, "locks": 1, "marks": 0}  # "b": its name not used since
             with restarted.lock("b", ttl=LONG):
                 pass
-    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 0}
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 0, "marks": 0}
 
 
 def test_the_upgrade_command_on_a_database_without_the_tables_makes_them_with_the_marker(
@@ -460,7 +508,7 @@ def test_the_upgrade_command_on_a_database_without_the_tables_makes_them_with_th
     assert "INSERT" in capsys.readouterr().out
     with distlock.connect(tables.url) as client, client.lock("a", ttl=LONG):
         pass
-    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 0}
+    assert tables.rows() == {"leases": 0, "waiters": 0, "locks": 0, "marks": 0}
 
 
 def _earlier_join_across_a_release(tables: Tables, holder: distlock.Client) -> EarlierJoin:

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 import redis
-from _support import REPO, child_env
+from _support import REPO, UNMARKED, Unmarked, child_env
 from celery import Celery
 
 import distlock
-from distlock.celery import DuplicateTask, SingletonTask, get_client
+from distlock.celery import DuplicateTask, SingletonTask, get_client, set_client_factory
 from distlock.celery._handover import take_over
 
 
@@ -391,18 +391,22 @@ def test_once_runs_each_attempt_of_a_task_id_once(app: Celery) -> None:
     assert get_client(app).holder(report.singleton_key((7,))) is None
 
 
-def test_once_on_a_lock_service_without_marks_fails_the_run_naming_those_with_marks(
-    app: Celery, tmp_path: Path
-) -> None:
-    app.conf.distlock_url = f"sql+sqlite:///{tmp_path / 'locks.db'}"
+def test_once_on_a_lock_service_without_marks_fails_the_run_saying_so(app: Celery) -> None:
+    app.conf.distlock_url = None
+    unmarked = distlock.Client(Unmarked("celery-unmarked"))
+    set_client_factory(lambda: unmarked)
     ran: list[int] = []
 
     def body(n: int) -> None:
         ran.append(n)
 
-    decorate: Any = app.task(base=SingletonTask, shared=False, lazy=False, name="t.once_sql", once=True)
-    task: Any = decorate(body)
-    result = task.apply((7,))
-    assert isinstance(result.result, distlock.ConfigurationError) and ran == []
-    assert "Marks are kept on etcd, Redis and ZooKeeper" in str(result.result)
-    assert get_client(app).holder(task.singleton_key((7,))) is None  # the lock was released
+    try:
+        decorate: Any = app.task(base=SingletonTask, shared=False, lazy=False, name="t.once_unmarked", once=True)
+        task: Any = decorate(body)
+        result = task.apply((7,))
+        assert isinstance(result.result, distlock.ConfigurationError) and ran == []
+        assert UNMARKED in str(result.result)
+        assert get_client(app).holder(task.singleton_key((7,))) is None  # the lock was released
+    finally:
+        set_client_factory(None)
+        unmarked.close()

@@ -2,12 +2,14 @@
 
 The runners themselves run in tests/integrations/test_django_site.py (a startproject site, both ways); these are the
 rules under them, in this process: ``django://<alias>`` means the alias's database as it is at each use (SQLite:
-a lock file beside it, or in a directory of the process's own for an in-memory one), a change of the URL or
-``OPTIONS`` (assigned or in place) closes the old client, and a change of other keys keeps it.
+a lock file beside it, or in a directory of the process's own for an in-memory one; its marks there too), a change
+of the URL or ``OPTIONS`` (assigned or in place) closes the old client, and a change of other keys keeps it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +61,22 @@ def test_the_client_follows_its_database_and_its_url(default_name: dict[str, obj
         second = get_client()
         assert first.closed and not second.closed
         assert (tmp_path / "two.sqlite3-distlock").exists()
+
+
+def test_marks_of_a_django_lock_table_are_kept_beside_its_lock_tables(
+    default_name: dict[str, object], tmp_path: Path
+) -> None:
+    """``django://``: the marks table is made where the lock tables are (SQLite: the lock file beside the database),
+    at the first use, as they are: no migration of Django's."""
+    default_name["NAME"] = str(tmp_path / "app.sqlite3")
+    with override_settings(DISTLOCK={"URL": "django://default"}):
+        client = get_client()
+        with client.lock("invoice:42", ttl=10) as lock:
+            lock.write_mark("sent", b"2026-11-28", ttl=60)
+        assert client.read_mark("invoice:42", "sent") == b"2026-11-28"
+    with contextlib.closing(sqlite3.connect(tmp_path / "app.sqlite3-distlock")) as lock_file:
+        tables = {name for (name,) in lock_file.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"distlock_locks", "distlock_marks"} <= tables
 
 
 def test_a_change_in_place_is_seen_and_other_keys_keep_the_client() -> None:
