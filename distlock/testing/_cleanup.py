@@ -3,9 +3,10 @@
 Closing a client releases the locks it holds, but not every key a backend wrote goes with them: a Redis lock's
 token counter never expires (that keeps its tokens increasing) and a wake-up list can outlive its waiter; a crashed
 or unclosed client's tickets stay until its lease runs out (etcd keys, ZooKeeper nodes, SQL table rows).
-`remove_keys` deletes them for one prefix, right away: every key (etcd, Redis), the waiters' nodes but not the empty
-lock nodes (ZooKeeper), the queue entries but not the leases and lock rows (SQL lock table). It reaches into each
-backend's private helpers, as a test tool may; in memory, the prefix's queues and records.
+`remove_keys` deletes them for one prefix, right away: every key (etcd, Redis), the waiters' nodes and the marks but
+not the empty lock nodes (ZooKeeper), the queue entries and marks but not the leases and lock rows (SQL lock table).
+It reaches into each backend's private helpers, as a test tool may; in memory, the prefix's queues, records and
+marks.
 
 Only for a prefix no live program uses: a holder whose keys are deleted loses its lock, and a deleted Redis token
 counter starts again from the server clock. Prefixes are matched as strings, so removing ``a`` also removes the
@@ -17,6 +18,7 @@ Redis Cluster a slot moving between the scan and the delete leaves that key behi
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import distlock
@@ -66,22 +68,41 @@ def _remove_redis(backend: Any) -> int:
 
 
 def _remove_zookeeper(backend: Any) -> int:
-    # Every waiter's node under the prefix; the lock nodes themselves stay (empty), as they do in use.
+    # Every waiter's node under the prefix, and every mark with its bucket; the lock nodes themselves stay (empty),
+    # as they do in use.
+    from kazoo.exceptions import NoNodeError
+
+    from distlock.backends.zookeeper._marks import MARKS_ROOT
+
     client = backend._sessions.main()
+    sessions = backend._sessions
     removed = 0
     for escaped in backend._lock_nodes(client, _WHAT):
         parent = f"{backend._root}/{escaped}"
-        for child in backend._sessions.children(client, parent, _WHAT):
-            removed += int(backend._sessions.delete(client, f"{parent}/{child}", _WHAT))
+        for child in sessions.children(client, parent, _WHAT):
+            removed += int(sessions.delete(client, f"{parent}/{child}", _WHAT))
+    marks = f"{backend._root}/{MARKS_ROOT}"  # with its buckets, whatever their nodes' versions
+    with contextlib.suppress(NoNodeError):
+        for bucket in client.get_children(marks):
+            with contextlib.suppress(NoNodeError):
+                removed += len(client.get_children(f"{marks}/{bucket}"))
+        client.delete(marks, recursive=True)
     return removed
 
 
 def _remove_sqltable(backend: Any) -> int:
-    # Every queue entry of the prefix's tables; leases and the locks' rows stay, as they do in use.
+    # Every queue entry and mark of the prefix's tables; leases and the locks' rows stay, as they do in use.
     import sqlalchemy as sa
 
-    waiters = backend._tables.waiters
-    deleted, _ = backend._run(_WHAT, lambda connection, each: connection.execute(sa.delete(waiters)).rowcount)
+    tables = backend._tables
+
+    def remove(connection: Any, each: Any) -> int:
+        return int(
+            connection.execute(sa.delete(tables.waiters)).rowcount
+            + connection.execute(sa.delete(tables.marks)).rowcount
+        )
+
+    deleted, _ = backend._run(_WHAT, remove)
     return int(deleted)
 
 
@@ -92,6 +113,8 @@ def _remove_memory(backend: Any) -> int:
         removed = sum(
             len(server.queues.pop(place, ())) + (server.records.pop(place, None) is not None) for place in places
         )
+        marks = [place for place in server.marks if place[0] == backend._prefix]
+        removed += sum(server.marks.pop(place, None) is not None for place in marks)
         server.cond.notify_all()
     return removed
 

@@ -7,11 +7,14 @@ tests/backends/zookeeper/test_zookeeper_residue.py."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from _support import SQL_TABLES, UNMARKED, Unmarked, wait_until
 
 import distlock
 from distlock._protocol import Lease
+from distlock.testing._cleanup import remove_keys
 
 pytestmark = pytest.mark.every_database
 
@@ -112,3 +115,13 @@ def test_bad_marks_are_refused_before_anything_is_sent(client: distlock.Client, 
         with pytest.raises(distlock.InvalidLockName, match="mark key"):
             client.read_mark(lock_name, "bad\x00key")
         assert lock.owned()
+
+
+@MARKING
+def test_the_pytest_plugins_clean_up_removes_marks(backend_url: str, lock_name: str) -> None:
+    prefix = f"cleanup_{uuid.uuid4().hex[:12]}"  # a table prefix too
+    with distlock.connect(backend_url, prefix=prefix) as client, client.lock(lock_name, ttl=10) as lock:
+        lock.write_mark("task-1", b"v", ttl=60)
+    assert remove_keys(backend_url, prefix) >= 1
+    with distlock.connect(backend_url, prefix=prefix) as client:
+        assert client.read_mark(lock_name, "task-1") is None
