@@ -22,6 +22,7 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
@@ -93,6 +94,18 @@ def _unhook_all(unhooks: list[Callable[[], None]]) -> None:
 
 # -- the main thread --------------------------------------------------------------------------------------------
 
+#: While a stopped scope's body runs on, its signal is sent again this often: a ``LockLost`` the body swallowed (an
+#: ``except Exception`` of its own or of a library's, such as logging's ``emit``) or one put off because it came inside
+#: distlock's own code is raised again, until the body leaves the scope (as a cancelled scope stays cancelled in Trio).
+RESEND_EVERY = 0.2
+#: ... and this soon after one was put off: a body that spends most of its time in distlock calls is stopped between
+#: two of them within a few tries, not after many seconds of chances.
+RESEND_SOON = 0.005
+#: distlock's own code, where a stop is put off to the next signal: an exception raised there (between a
+#: ``Condition``'s acquire and its ``with`` block, say) could leave the client's locks held. Integrations run bodies.
+_OWN_CODE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_INTEGRATIONS = os.path.join(_OWN_CODE, "celery") + os.sep
+
 #: The scopes entered in the main thread, innermost last, and the handler that was installed before the outermost.
 _entered: list[ThreadScope] = []
 _previous: list[_Handler] = []
@@ -118,31 +131,39 @@ class ThreadScope:
     """
 
     def __init__(self, locks: Sequence[Lock]) -> None:
+        where = f"lock {locks[0].name!r}: scope() and stop_on_lost=True"
         if threading.current_thread() is not threading.main_thread():
             raise ConfigurationError(
-                f"lock {locks[0].name!r}: scope() and stop_on_lost=True interrupt the main thread only (by a "
-                "signal); in another thread call lock.ensure_held() before each step instead (fenced writes refuse "
-                "a stale holder's writes anyway), or run the work in asyncio, whose scope cancels the task"
+                f"{where} interrupt the main thread only (by a signal); in another thread call lock.ensure_held() "
+                "before each step instead (fenced writes refuse a stale holder's writes anyway), or run the work in "
+                "asyncio, whose scope cancels the task"
+            )
+        if _loop_running():
+            raise ConfigurationError(
+                f"{where} of a sync lock inside a coroutine would stop the event loop, not the coroutine: use "
+                "client.async_lock() (its scope cancels the task)"
             )
         self._locks = locks
         self._pid = os.getpid()
         self._armed = False  # True while the body runs: only then does a loss raise
         self._fired = False  # a lock of the scope was lost
-        self._raised = False  # LockLost was raised for it (once)
+        self._left = threading.Event()  # set when the scope is left: the resending stops
+        self._put_off = False  # the last signal came inside distlock's own code: send the next one soon
+        self._entry: FrameType | None = None  # the frame the body runs in (or is called from)
         self._unhooks: list[Callable[[], None]] = []
 
     def __enter__(self) -> None:
         for lock in self._locks:
             lock.ensure_held()
+        self._entry = _caller()
         if not _entered:
             previous = signal.signal(STOP_SIGNAL, _on_signal)
-            _previous.append(signal.SIG_DFL if previous is None else previous)  # None: a handler not from Python
+            _previous.append(signal.SIG_DFL if previous is None else previous)  # None: refused in __init__
         _entered.append(self)
         try:
             self._unhooks.extend(lock._lost_hooks.add(self._lost) for lock in self._locks)
             self._armed = True
             if self._fired:  # fired before it was armed: its signal, if any, was declined
-                self._raised = True
                 raise _lost_error(self._locks, "before its scope was entered")
         except BaseException:
             self._leave()
@@ -157,6 +178,7 @@ class ThreadScope:
         global _signalled
         with _sending:
             self._armed = False
+        self._left.set()
         _unhook_all(self._unhooks)
         _entered.remove(self)
         if not _entered:
@@ -164,40 +186,105 @@ class ThreadScope:
             _signalled = False
         pending = _pending()
         if pending is not None:  # an outer scope's loss, declined while this one was leaving: raise it in its body
-            pending._raised = True
             raise _lost_error(pending._locks, "its scope was stopped")
 
     def _lost(self) -> None:
-        """The hook: on the thread that found the loss."""
+        """The hook: on the thread that found the loss. Sends the signal, and again every ``RESEND_EVERY`` s from a
+        thread of its own until the scope is left."""
+        if self._send(first=True):
+            threading.Thread(target=self._resend, name="distlock-stop", daemon=True).start()
+
+    def _send(self, first: bool = False) -> bool:
         global _signalled
         with _sending:
             self._fired = True
-            if not self._armed or os.getpid() != self._pid:
-                return
+            if not self._armed or os.getpid() != self._pid or (self._left.is_set() and not first):
+                return False
             _signalled = True
             signal.pthread_kill(threading.main_thread().ident or 0, STOP_SIGNAL)
+            return True
+
+    def _resend(self) -> None:
+        while not self._left.wait(RESEND_SOON if self._put_off else RESEND_EVERY):
+            self._put_off = False
+            if not self._send():
+                return
 
 
 def _pending() -> ThreadScope | None:
-    return next((s for s in reversed(_entered) if s._armed and s._fired and not s._raised), None)
+    return next((s for s in reversed(_entered) if s._armed and s._fired), None)
 
 
-_LEAVING = (ThreadScope.__exit__.__code__, ThreadScope._leave.__code__)
+def _caller() -> FrameType | None:
+    """The first frame, from the caller of ``scope().__enter__`` outwards, that is not distlock's own code: the frame
+    whose ``with`` runs the body (the user's, or an integration's that runs a task in the scope)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and _own(frame):
+        frame = frame.f_back
+    return frame
+
+
+def _own(frame: FrameType) -> bool:
+    path = frame.f_code.co_filename
+    return path.startswith(_OWN_CODE) and not path.startswith(_INTEGRATIONS)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if not _signalled:
         _chain(signum, frame)
         return
-    outer = frame
-    while outer is not None:
-        if outer.f_code in _LEAVING:
-            return  # a scope is being left: it raises what is pending once it is done (see ThreadScope._leave)
-        outer = outer.f_back
     pending = _pending()
-    if pending is not None:
-        pending._raised = True
-        raise _lost_error(pending._locks, "its scope was stopped")
+    if pending is None:
+        return
+    # Not inside distlock's own code, between the interrupted bytecode and the body's frame: there a scope is being
+    # left (it raises what is pending once it is done, see ThreadScope._leave), or the client's own locks may be
+    # held half-way; the next signal, RESEND_EVERY s later, tries again.
+    outer = frame
+    while outer is not None and outer is not pending._entry:
+        if _own(outer):
+            _raise_on_return(outer, pending)
+            return
+        outer = outer.f_back
+    raise _lost_error(pending._locks, "its scope was stopped")
+
+
+def _raise_on_return(own: FrameType, scope: ThreadScope) -> None:
+    """Inside distlock's own code: raise at the next line of the body's code that called it, once it returns there
+    (a line tracer on that frame: the exception a tracer raises is raised in its frame), and send again soon in case
+    that never comes (a frame of distlock's own that runs the body, a generator)."""
+    scope._put_off = True
+    caller: FrameType | None = own
+    while caller is not None and _own(caller):
+        caller = caller.f_back
+    if caller is None or caller.f_trace is not None:  # someone else traces it (a debugger): the resends will do
+        return
+    installed = sys.gettrace() is None
+
+    def on_line(frame: FrameType, event: str, arg: object) -> object:
+        if event != "line" or frame is not caller:
+            return on_line
+        frame.f_trace = None
+        if installed:
+            sys.settrace(None)
+        if scope._armed and scope._fired:
+            raise _lost_error(scope._locks, "its scope was stopped")
+        return None
+
+    caller.f_trace, caller.f_trace_lines = on_line, True
+    if installed:
+        sys.settrace(_no_new_frames)  # line events need tracing on; frames called from now on are not traced
+
+
+def _no_new_frames(frame: FrameType, event: str, arg: object) -> None:
+    return None
 
 
 def _chain(signum: int, frame: FrameType | None) -> None:

@@ -253,6 +253,13 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
     # -- context manager --------------------------------------------------------------------------------------
 
     def _fixed_name(self) -> str:
+        if self.stop_on_lost:
+            raise distlock.ConfigurationError(
+                f"distributed_lock({self.template.template!r}, stop_on_lost=True) as a context manager: the option "
+                "is for decorated async views and functions; here enter the lock's scope yourself: "
+                "`with distributed_lock(...) as lock, lock.scope():` (main thread) or "
+                "`async with distributed_lock(...) as lock, lock.scope():`"
+            )
         if self.template.fields:
             raise InvalidKeyTemplate(
                 f"lock key template {self.template.template!r} has fields; as a context manager "

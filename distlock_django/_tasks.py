@@ -27,6 +27,7 @@ import datetime as dt
 import functools
 import inspect
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -176,6 +177,13 @@ def _locked(spec: _Spec, func: Callable[..., Any]) -> Callable[..., Any]:
 
     def call(lock: distlock.Lock, *args: Any, **kwargs: Any) -> Any:
         if not iscoroutinefunction(func):
+            if spec.stop_on_lost and threading.current_thread() is not threading.main_thread():
+                raise ConfigurationError(
+                    f"task {func.__qualname__!r} has stop_on_lost=True but runs outside the main thread, where no "
+                    "signal can stop it: run the worker without its autoreloader (manage.py db_worker --no-reload; "
+                    "DEBUG=True turns it on), not in a server's request thread (ImmediateBackend), or make the task "
+                    "async"
+                )
             with lock.scope() if spec.stop_on_lost else contextlib.nullcontext():
                 return func(*args, **kwargs)
 

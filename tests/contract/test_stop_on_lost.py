@@ -170,6 +170,51 @@ def test_a_foreign_sigusr2_reaches_the_previous_handler(memory: distlock.Client)
         signal.signal(distlock.STOP_SIGNAL, signal.SIG_DFL)
 
 
+@pytest.mark.timeout(120)
+def test_a_stop_never_leaves_the_clients_own_locks_held(memory: distlock.Client) -> None:
+    """The body takes and drops other locks of the same client while its own hold runs out (``max_hold``): the stop
+    lands anywhere in the body, never half-way through distlock's own code, and the client goes on working (it hung
+    with its internal mutex held, in a red team's run, before the stop was put off inside distlock's code)."""
+    for round_ in range(20):
+        with pytest.raises(distlock.LockLost):  # noqa: PT012 - the body is what is stopped
+            with memory.lock("outer", ttl=3, stop_on_lost=True, max_hold=0.05 + 0.02 * (round_ % 10)):
+                while True:
+                    with memory.lock("inner", ttl=3, timeout=1) as inner:  # left by the stop as by any exception
+                        inner.ensure_held()
+    with memory.lock("outer", ttl=3) as lock:  # the client still works: keeper, clean-up and locks
+        lock.ensure_held(verify=True)
+
+
+def test_a_stop_swallowed_by_the_body_is_raised_again(memory: distlock.Client, tmp_path: Path) -> None:
+    """A library's ``except Exception`` (logging's ``emit`` prints the error and goes on) swallows the first
+    ``LockLost``; the scope stays stopped and raises it again (RESEND_EVERY) until the body leaves it."""
+    swallowed: list[float] = []
+    with pytest.raises(distlock.LockLost):  # noqa: PT012 - the body is what is stopped
+        with memory.lock("logged", ttl=TTL, stop_on_lost=True) as lock:
+            _lose(memory, lock)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    time.sleep(0.01)
+                except distlock.LockLost:
+                    if swallowed:
+                        raise
+                    swallowed.append(time.monotonic())  # the first one, as a library would
+            pytest.fail("the body ran on for 30 s after its stop was swallowed once")
+    assert swallowed
+
+
+def test_a_sync_scope_inside_a_coroutine_is_refused(memory: distlock.Client) -> None:
+    """It would stop the event loop (every task), not the coroutine: the async lock's scope is the one for that."""
+    with memory.lock("in-a-loop", ttl=TTL) as lock:
+
+        async def main() -> None:
+            with pytest.raises(distlock.ConfigurationError, match=r"use client\.async_lock"):
+                lock.scope().__enter__()
+
+        asyncio.run(main())
+
+
 def test_a_scope_outside_the_main_thread_is_refused_before_waiting(memory: distlock.Client) -> None:
     errors: list[BaseException] = []
 

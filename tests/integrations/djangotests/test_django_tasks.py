@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,13 @@ def test_a_worker_killed_mid_task_frees_the_key_within_its_ttl(
     assert account.balance == 1
 
 
+def _capture(errors: list[BaseException], call: Any) -> None:
+    try:
+        call()
+    except BaseException as e:  # handed to the test's thread
+        errors.append(e)
+
+
 def _finished(result: Any) -> Any:
     deadline = time.monotonic() + _BOUND
     while not result.is_finished:
@@ -158,7 +166,7 @@ def test_a_run_that_stops_on_loss_writes_nothing_more_and_the_next_run_proceeds(
 
 
 @pytest.mark.django_db(databases=[])
-def test_bad_templates_and_arguments_fail_where_they_are_written() -> None:
+def test_bad_templates_and_arguments_fail_where_they_are_written(django_servers: dict[str, str]) -> None:
     with pytest.raises(distlock.InvalidKeyTemplate, match="'user_id', which is not a parameter"):
         singleton_task("report:{user_id}")(note)
     with pytest.raises(distlock.InvalidKeyTemplate, match="put it above @task"):
@@ -171,5 +179,11 @@ def test_bad_templates_and_arguments_fail_where_they_are_written() -> None:
         deposit.enqueue(1)  # type: ignore[call-arg]
     with pytest.raises(distlock.ConfigurationError, match="on_duplicate"):
         singleton_task("report:{pk}", on_duplicate="skip")
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _capture(errors, lambda: drain.call(8, "unused")))
+    thread.start()
+    thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], distlock.ConfigurationError), errors
+    assert "db_worker --no-reload" in str(errors[0])  # the autoreloader runs it in a thread
     with pytest.raises(distlock.ConfigurationError, match="stop_on_lost must be True or False"):
         singleton_task("report:{pk}", stop_on_lost="yes")  # type: ignore[arg-type]

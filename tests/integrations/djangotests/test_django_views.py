@@ -297,3 +297,7 @@ def test_an_async_view_with_stop_on_lost_is_stopped_with_409_and_a_sync_one_is_r
         @distributed_lock("stop:{pk}", stop_on_lost=True)
         def sync_view(request: HttpRequest, pk: int) -> None:
             pass
+
+    with pytest.raises(distlock.ConfigurationError, match=r"enter the lock's scope yourself"):
+        with distributed_lock("stop:cm", stop_on_lost=True):
+            pass
