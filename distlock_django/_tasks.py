@@ -276,6 +276,9 @@ def enqueue(task: Task[Any, Any], spec: _Spec, args: tuple[Any, ...], kwargs: di
     # A copied context: the reservation must not become the caller's current_lock().
     if not contextvars.copy_context().run(provisional.acquire, False):
         return _duplicate_enqueue(task, spec, name)
+    # Handed over at once: its key's removal by a take-over (the run of a backend that runs the task inside
+    # enqueue(), or the result's reservation below) is the end it waits for, not a loss to warn about.
+    provisional.hand_over(hold_for)
     token = provisional.token
     reset = _enqueuing.set(provisional.owner)
     try:

@@ -8,6 +8,7 @@ they are written. ``testapp/tasks.py`` has the task; it waits for the test's wor
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -163,6 +164,32 @@ def test_a_run_that_stops_on_loss_writes_nothing_more_and_the_next_run_proceeds(
     (tmp_path / "go-7").touch()
     assert _finished(result).status == "SUCCESSFUL"
     assert (tmp_path / f"beat-{token}").read_text() == beats  # the stopped run wrote nothing after its stop
+
+
+def test_a_task_run_inside_enqueue_is_not_reported_lost(
+    django_servers: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ImmediateBackend runs the task inside enqueue(): the run takes the enqueue's reservation over, which is its
+    end, not a loss (a red team saw "lost: its key was removed" logged for every such run longer than ttl / 3)."""
+
+    def let_it_finish_after_40_beats() -> None:
+        beat = tmp_path / f"beat-{_wait_for(tmp_path / 'started-9', 'the run')}"
+        deadline = time.monotonic() + _BOUND
+        while not (beat.exists() and beat.read_text().isdigit() and int(beat.read_text()) >= 40):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        (tmp_path / "go-9").touch()
+
+    go = threading.Thread(target=let_it_finish_after_40_beats)
+    go.start()
+    with caplog.at_level(logging.WARNING, logger="distlock"):
+        # The run goes on for 40 beats of 0.02 s: the enqueuing client checks its keys every ~0.33 s (ttl 1 s), so
+        # the run meets at least two of its checks.
+        result = drain.using(backend="immediate").enqueue(9, str(tmp_path))
+        assert result.status == "SUCCESSFUL" and result.return_value == "finished"
+    go.join(10)
+    assert not [r for r in caplog.records if "lost" in r.getMessage()], [r.getMessage() for r in caplog.records]
+    assert get_client().holder(lock_name("drain:9")) is None
 
 
 @pytest.mark.django_db(databases=[])

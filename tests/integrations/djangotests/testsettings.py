@@ -64,7 +64,11 @@ INSTALLED_APPS = [
 ]
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport
     INSTALLED_APPS.append("django_tasks")
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+_TASKS = "django_tasks" if importlib.util.find_spec("django.tasks") is None else "django.tasks"
+TASKS = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    "immediate": {"BACKEND": f"{_TASKS}.backends.immediate.ImmediateBackend"},  # runs the task inside enqueue()
+}
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
