@@ -179,6 +179,7 @@ class ThreadScope:
         with _sending:
             self._armed = False
         self._left.set()
+        _stop_tracing()
         _unhook_all(self._unhooks)
         _entered.remove(self)
         if not _entered:
@@ -269,12 +270,12 @@ def _raise_on_return(own: FrameType, scope: ThreadScope) -> None:
     installed = sys.gettrace() is None
 
     def on_line(frame: FrameType, event: str, arg: object) -> object:
-        if event != "line" or frame is not caller:
+        if frame is not caller or event not in ("line", "return"):
             return on_line
         frame.f_trace = None
         if installed:
-            sys.settrace(None)
-        if scope._armed and scope._fired:
+            _stop_tracing()
+        if event == "line" and scope._armed and scope._fired:
             raise _lost_error(scope._locks, "its scope was stopped")
         return None
 
@@ -285,6 +286,13 @@ def _raise_on_return(own: FrameType, scope: ThreadScope) -> None:
 
 def _no_new_frames(frame: FrameType, event: str, arg: object) -> None:
     return None
+
+
+def _stop_tracing() -> None:
+    """Turn off the tracing ``_raise_on_return`` turned on, if it is still ours (a scope left before the body's next
+    line, or a frame that returned: left on, every later call of the thread would pay for it)."""
+    if sys.gettrace() is _no_new_frames:
+        sys.settrace(None)
 
 
 def _chain(signum: int, frame: FrameType | None) -> None:
