@@ -6,13 +6,15 @@ keeper's). :class:`TaskScope` cancels the task that entered it, on its loop, and
 cancellation from outside stays a ``CancelledError`` and ``TaskGroup``s inside work. :class:`ThreadScope` works in
 the main thread only: it sends :data:`STOP_SIGNAL` to the main thread, whose handler (installed for the scope's
 duration) raises ``LockLost`` at the next bytecode the body runs, and in a blocking call that returns on ``EINTR``
-(``time.sleep()``), as Celery's soft time limit does with SIGUSR1. A signal that is not ours goes to the handler
-installed before. docs/lost.md has the user's view.
+(``time.sleep()``), as Celery's soft time limit does with SIGUSR1; inside distlock's own code it is put off to the
+body's next line after that call, and it is sent again every ``RESEND_EVERY`` s until the body leaves the scope. A
+signal that is not ours goes to the handler installed before. docs/lost.md has the user's view.
 
-What can go wrong: ``ThreadScope`` in another thread raises ``ConfigurationError`` (no signal reaches a thread but
-the main one); a scope on a handle that does not hold raises ``LockNotOwned``, on one lost already ``LockLost``. Code
-that does not return to Python (a C call that retries ``EINTR``), an ``except`` that swallows ``LockLost`` and a
-``finally`` block are not stopped; a forked child is never stopped (the parent's hold is not the child's).
+What can go wrong: ``ThreadScope`` in another thread, or inside a coroutine, raises ``ConfigurationError`` (no signal
+reaches a thread but the main one; in a coroutine it would stop the event loop); a scope on a handle that does not
+hold raises ``LockNotOwned``, on one lost already ``LockLost``. Code that does not return to Python (a C call that
+retries ``EINTR``) and a ``finally`` block are not stopped until they are done; a forked child is never stopped (the
+parent's hold is not the child's).
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         return
     # Not inside distlock's own code, between the interrupted bytecode and the body's frame: there a scope is being
     # left (it raises what is pending once it is done, see ThreadScope._leave), or the client's own locks may be
-    # held half-way; the next signal, RESEND_EVERY s later, tries again.
+    # held half-way; the stop is put off to the body's next line (_raise_on_return), and sent again soon.
     outer = frame
     while outer is not None and outer is not pending._entry:
         if _own(outer):
