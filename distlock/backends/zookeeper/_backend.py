@@ -197,7 +197,7 @@ class ZooKeeperBackend:
         def request(each: Attempt) -> float:
             # Any answer renews the session for its whole timeout.
             self._sessions.answer(client.exists_async("/"), each, client)
-            if client.client_id is None or client.client_id[0] != lease_id:
+            if self._sessions.replaced(client, lease_id):
                 raise LeaseGone(f"lease {lease_id:x} is gone")
             return float(client._session_timeout) / 1000.0
 
@@ -438,7 +438,7 @@ class ZooKeeperBackend:
             return [ticket for ticket, stat in zip(tickets, answers, strict=True) if stat is None]
 
         missing, _ = self._sessions.call("check held locks", request)
-        if client.client_id is None or client.client_id[0] != lease_id:
+        if self._sessions.replaced(client, lease_id):
             raise LeaseGone(f"check held locks: lease {lease_id:x} is gone on {self.description}")
         return missing
 

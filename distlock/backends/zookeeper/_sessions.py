@@ -21,6 +21,7 @@ the next one and the request is sent again on it. Every session is a TCP connect
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -68,6 +69,43 @@ def _retryable(error: Exception) -> bool:
     return isinstance(error, (*_RETRYABLE, _MainSessionRenewing))
 
 
+def _cut_stalled_handshakes(client: KazooClient, patience: float) -> None:
+    """Drop any connection attempt of ``client`` that is still not a session after ``patience`` s, so that kazoo
+    tries again at once.
+
+    kazoo waits for the answer to its handshake for the whole session timeout (a lease's TTL, or the backend's own
+    session's). A server that is starting can accept a connection and never answer it (ZooKeeper's listening socket
+    is open before the server runs: ZOOKEEPER-3916); the session then stays away for that long, and a lease's session
+    expires on the server meanwhile, though the server answered a fresh connection within a second. Each time the
+    connection is lost (and once at the start), a timer checks every ``patience`` s while the session is not
+    connected, and shuts down the socket of an attempt it saw at its previous check: kazoo's read wakes, finds the
+    connection broken and connects again. Through kazoo's private ``_connection._socket`` (2.10 and 2.11 have it);
+    the restart tests catch a kazoo that changed it, by a hang as long as a session timeout."""
+
+    def check(seen: socket.socket | None) -> None:
+        if client._stopped.is_set() or client.state == KazooState.CONNECTED:
+            return
+        attempt: socket.socket | None = getattr(client._connection, "_socket", None)
+        if attempt is not None and attempt is seen:
+            with contextlib.suppress(OSError):
+                attempt.shutdown(socket.SHUT_RDWR)
+        watch(attempt)
+
+    def watch(seen: socket.socket | None) -> None:
+        timer = threading.Timer(patience, check, args=(seen,))
+        timer.name = "distlock-zk-handshake"
+        timer.daemon = True
+        timer.start()
+
+    def on_state(state: str) -> bool:
+        if state == KazooState.SUSPENDED:
+            watch(None)
+        return False
+
+    client.add_listener(on_state)
+    watch(None)
+
+
 def sequence(child: str) -> int:
     """The sequence number ZooKeeper appended to a waiter's node name (``<nonce>-<lease hex>-0000000042`` -> 42)."""
     _, _, number = child.rpartition("-")
@@ -103,6 +141,7 @@ class Sessions:
         # The protocol carries the timeout as 32-bit milliseconds; the server lowers it to its maxSessionTimeout.
         ttl = min(ttl, _LONGEST_TIMEOUT)
         client = KazooClient(hosts=self._hosts, timeout=ttl, connection_retry={"max_tries": -1, "max_delay": 0.5})
+        _cut_stalled_handshakes(client, self.connect_timeout)
         try:
             client.start(timeout=max(deadline - _clock.now(), 0.001))
         except KazooTimeoutError as e:
@@ -139,15 +178,24 @@ class Sessions:
         return winner
 
     def of_lease(self, lease_id: int) -> KazooClient:
-        """The live session of ``lease_id``; ``LeaseGone`` when it expired or was revoked."""
+        """The live session of ``lease_id``; ``LeaseGone`` when it expired or was revoked. A session whose connection
+        is being made again is live: its requests wait for it (kazoo queues them), and the server keeps its nodes
+        until its timeout; only the server can say it expired, which kazoo reports (``KazooState.LOST``)."""
         with self._mutex:
             if self._closed:
                 raise ClientClosed(f"the distlock client for {self.description} is closed")
             client = self._leases.get(lease_id)
             expired = lease_id in self._expired
-        if client is None or expired or client.client_id is None or client.client_id[0] != lease_id:
+        if client is None or expired or self.replaced(client, lease_id):
             raise LeaseGone(f"lease {lease_id:x} (a ZooKeeper session) is gone on {self.description}")
         return client
+
+    @staticmethod
+    def replaced(client: KazooClient, lease_id: int) -> bool:
+        """Whether ``client`` is connected on a session other than ``lease_id``'s: kazoo opened the next one after
+        the lease's expired. (kazoo's ``client_id`` is None while a connection is being made again.)"""
+        session = client.client_id
+        return session is not None and session[0] != lease_id
 
     def reader(self, ticket: Ticket) -> KazooClient:
         """The session that reads ``ticket``'s place: its own (which sees its own node), else the backend's."""
@@ -198,7 +246,7 @@ class Sessions:
             self._expired.discard(lease_id)
         if client is None:
             return None
-        gone = expired or client.client_id is None or client.client_id[0] != lease_id or bool(client.connected)
+        gone = expired or self.replaced(client, lease_id) or bool(client.connected)
         self.close_within([client], self.request_timeout)
         return gone
 

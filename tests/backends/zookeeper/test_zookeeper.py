@@ -6,6 +6,7 @@ holders at once while the ensemble fails over, and the URL's chroot keeps two ap
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -119,3 +120,91 @@ def test_a_leader_kill_never_makes_two_holders_and_waiters_proceed(
 def test_a_bad_zookeeper_url_is_refused_before_any_traffic(url: str, message: str) -> None:
     with pytest.raises(distlock.ConfigurationError, match=message):
         distlock.connect(url, check=False)
+
+
+class _SilentAfterCut:
+    """A TCP relay to one ZooKeeper server that can act as a server starting up: ``cut()`` breaks every relayed
+    connection, and the connections accepted in the next ``silent_for`` s are left open and unanswered (ZooKeeper's
+    socket listens before the server runs, ZOOKEEPER-3916); later ones are relayed again."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._silent_until = 0.0
+        self._mutex = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self, silent_for: float) -> None:
+        with self._mutex:
+            self._silent_until = time.monotonic() + silent_for
+            dropped, self._open = self._open, []
+        for connection in dropped:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.cut(0)
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                incoming, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._mutex:
+                self._open.append(incoming)
+                if time.monotonic() < self._silent_until:
+                    continue  # accepted, never answered
+                outgoing = socket.create_connection(self._target)
+                self._open.append(outgoing)
+            for source, sink in ((incoming, outgoing), (outgoing, incoming)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def relay(zookeeper_url: str) -> Iterator[_SilentAfterCut]:
+    host, _, port = zookeeper_url.removeprefix("zk://").partition(":")
+    relay = _SilentAfterCut((host, int(port)))
+    yield relay
+    relay.close()
+
+
+def test_a_reconnection_the_server_never_answers_is_dropped_and_made_again(
+    relay: _SilentAfterCut, lock_name: str
+) -> None:
+    """A server that accepts a connection while it starts and never answers it: kazoo alone would wait for the answer
+    for the whole session timeout (here 20 s, past the requests' 5 s and the lease's life on the server). The
+    reconnection is dropped after ``connect_timeout`` and made again, so the holder's session comes back and is
+    still the lease's: its place reads and its release answer, and it is not lost."""
+    with distlock.connect(f"zk://127.0.0.1:{relay.port}", connect_timeout=1) as client:
+        holder = client.lock(lock_name, ttl=20)
+        assert holder.acquire()
+        relay.cut(silent_for=1.5)
+        holder.ensure_held(verify=True)  # read on the lease's own session, once it is back
+        assert not holder.lost
+        holder.release()
+
+
+def test_a_session_being_reconnected_is_not_a_lost_lease(relay: _SilentAfterCut, lock_name: str) -> None:
+    """Keep-alives fall inside the 3 s the session takes to connect again (a 6 s lease is refreshed every 2 s): the
+    session is away, not gone (the server keeps it for its 6 s), so the lock is held throughout."""
+    with distlock.connect(f"zk://127.0.0.1:{relay.port}", connect_timeout=1) as client:
+        holder = client.lock(lock_name, ttl=6)
+        assert holder.acquire()
+        relay.cut(silent_for=2.5)
+        time.sleep(4)  # the session is back after 2.5 to 3.5 s: wait past the window, no sooner
+        assert not holder.lost, "a keep-alive while the session reconnected took the lease for gone"
+        holder.ensure_held(verify=True)
+        holder.release()
