@@ -43,7 +43,9 @@ def drain(pk: int, gate: str) -> str:
     beats = 0
     while not (Path(gate) / f"go-{pk}").exists():
         beats += 1
-        (Path(gate) / f"beat-{token}").write_text(str(beats))
+        beat = Path(gate) / f"beat-{token}"
+        beat.with_suffix(".new").write_text(str(beats))
+        beat.with_suffix(".new").replace(beat)  # whole: a reader never sees the file emptied by a write in progress
         time.sleep(0.02)
     return "finished"
 
