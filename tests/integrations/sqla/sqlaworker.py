@@ -1,7 +1,8 @@
 """A process that holds a lock and reads and writes one ``Counter`` row, driven over stdin/stdout, for SIGSTOP tests.
 
-Run as ``python sqlaworker.py ETCD_URL DB_URL``; it prints ``{"ready": true}``, then answers one JSON line per
-command (flushed at once, so a test can SIGSTOP it between two):
+Run as ``python sqlaworker.py LOCK_URL DB_URL [SESSION]``: SESSION ``default`` (SQLAlchemy's, ``expire_on_commit=True``:
+what a user's session is) or ``kept`` (``expire_on_commit=False``, the default here); it prints ``{"ready": true}``,
+then answers one JSON line per command (flushed at once, so a test can SIGSTOP it between two):
 
 - ``{"op": "acquire", "name": N, "ttl": S}`` → ``{"token": T}``
 - ``{"op": "elect", "name": N, "value": V, "ttl": S}`` → ``{"token": T}``: campaign in election N as candidate V
@@ -35,10 +36,10 @@ from distlock_sqla import claim_one, fenced_update
 
 
 class Worker:
-    def __init__(self, lock_url: str, db_url: str) -> None:
+    def __init__(self, lock_url: str, db_url: str, session: str = "kept") -> None:
         self.client = distlock.connect(lock_url)
         self.engine = make_engine(db_url)
-        self.session = Session(self.engine, expire_on_commit=False)
+        self.session = Session(self.engine) if session == "default" else Session(self.engine, expire_on_commit=False)
         self.lock: distlock.Lock | None = None
         self.row: Counter | None = None
         self.read_value = 0
@@ -92,7 +93,7 @@ class Worker:
 
 
 def main() -> None:
-    worker = Worker(sys.argv[1], sys.argv[2])
+    worker = Worker(*sys.argv[1:4])
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         command: dict[str, Any] = json.loads(line)
