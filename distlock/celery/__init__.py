@@ -16,13 +16,15 @@ against the lock's token. ``lock_on="run"`` (default) allows one running call pe
 queued-or-running call; ``once=True`` remembers which task ids ran (a mark of the lock), so a redelivered message
 of a finished one is acknowledged without running. ``LeaderScheduler`` runs beat on a leader. The client:
 ``app.conf.distlock_url``, else ``set_client_factory()`` (Django's ``DISTLOCK`` with ``distlock_django``);
-``get_client(app)`` returns it. Options, duplicates, hand-over races: docs/integrations/celery.md.
+``get_client(app)`` returns it; ``app.conf.distlock_key_prefix`` goes in front of every lock name. Options,
+duplicates, hand-over races: docs/integrations/celery.md.
 
 What can go wrong: importing it without Celery raises ``ModuleNotFoundError`` naming the ``celery`` extra; a bad
 ``unique_on`` or option raises ``ConfigurationError`` when Celery creates the task class (per call: from
 ``apply_async``, before sending). An unreachable lock service raises ``BackendUnavailable`` from ``apply_async`` in
-enqueue mode (nothing sent), else fails the run. A lock lost mid-run cannot stop the task: ``self.lock.ensure_held()``
-raises ``LockLost``, and only fenced writes stay safe.
+enqueue mode (nothing sent), else fails the run. A lock lost mid-run stops the body only with
+``abort_on_lost=True`` (prefork and solo pools); otherwise ``self.lock.ensure_held()`` raises ``LockLost``, and
+fenced writes stay safe either way.
 """
 
 from distlock import require_extra

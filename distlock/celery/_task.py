@@ -197,18 +197,24 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         return run.lock
 
     def singleton_key(self, args: Any = None, kwargs: Any = None, key: str | None = None) -> str:
-        """The lock name a call with these arguments uses (``key``, a per-call lock name, wins when given)."""
+        """The lock name a call with these arguments uses (``key``, a per-call lock name, wins when given), after
+        ``app.conf.distlock_key_prefix``."""
+        prefix = self.app.conf.get("distlock_key_prefix") or ""
+        if not isinstance(prefix, str) or not prefix.isprintable():
+            raise ConfigurationError(
+                f"app.conf.distlock_key_prefix must be a str without control characters ('' for none), not {prefix!r}"
+            )
         if key is not None:
             if not isinstance(key, str) or "{" in key or "}" in key:
                 raise ConfigurationError(
                     f"task {self.name!r}: singleton key {key!r} must be a plain lock name (declare templates with "
                     "unique_on on the task)"
                 )
-            return distlock.KeyTemplate(key).template  # checked like any lock name
+            return prefix + distlock.KeyTemplate(key).template  # checked like any lock name
         spec = self._singleton_keys
         if spec is None:
             raise ConfigurationError(f"task {self.name!r} has no run() to take its lock name from")
-        return spec.name_for(self.name, args, kwargs)
+        return prefix + spec.name_for(self.name, args, kwargs)
 
     # -- sending ----------------------------------------------------------------------------------------------
 

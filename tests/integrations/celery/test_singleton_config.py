@@ -108,6 +108,34 @@ def test_lock_names_come_from_the_bound_arguments(app: Celery) -> None:
         every.singleton_key((), {"nope": 1})
 
 
+def test_the_apps_key_prefix_goes_in_front_of_every_lock_name_and_the_run_holds_that_lock(
+    app: Celery, etcd_url: str
+) -> None:
+    """``app.conf.distlock_key_prefix``, for a lock service shared with others (Django's ``KEY_PREFIX``, so that the
+    admin's lock page lists the tasks' locks): in front of the argument names, the templates and a per-call key."""
+    app.conf.distlock_url = etcd_url
+    app.conf.distlock_key_prefix = "shop:"
+    held: list[str] = []
+
+    def body(task: Any, job: str) -> None:
+        held.append(task.lock.name)
+        assert get_client(app).holder(task.lock.name) is not None
+
+    every = app.task(base=SingletonTask, shared=False, name="t.every", lazy=False)(_work)
+    templated = app.task(base=SingletonTask, shared=False, name="t.tpl", unique_on="report:{job}", lazy=False)(_work)
+    decorate: Any = app.task(base=SingletonTask, shared=False, name="t.bound", bind=True, unique_on=["job"], lazy=False)
+    bound: Any = decorate(body)
+    assert every.singleton_key(("a", 1.0)) == 'shop:celery:t.every:{"caller":0,"job":"a","seconds":1.0}'
+    assert templated.singleton_key(("a", 1.0)) == "shop:report:a"
+    assert templated.singleton_key(("a", 1.0), key="nightly") == "shop:nightly"
+    job = f"j-{uuid.uuid4().hex[:6]}"
+    assert bound.apply((job,)).state == "SUCCESS"
+    assert held == [bound.singleton_key((job,))] == [f'shop:celery:t.bound:{{"job":"{job}"}}']
+    app.conf.distlock_key_prefix = "bad\n"
+    with pytest.raises(distlock.ConfigurationError, match="distlock_key_prefix must be a str without control"):
+        every.singleton_key(("a", 1.0))
+
+
 def _send_invoice(invoice_id: int, copy: bool = False) -> None:
     """The task body celery.md names its locks with."""
 
