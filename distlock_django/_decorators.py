@@ -172,8 +172,10 @@ class distributed_lock:  # noqa: N801 - used like a function: @distributed_lock(
         if self.stop_on_lost:
             raise distlock.ConfigurationError(
                 f"@distributed_lock(stop_on_lost=True) on {getattr(func, '__qualname__', func)!r}: only an async view "
-                "can be stopped (its task is cancelled); a sync view runs in a worker thread, which no signal reaches. "
-                "It stops at its next fenced write or ensure_held() with 409 anyway: leave stop_on_lost out"
+                "or function can be stopped this way (its task is cancelled). A sync view runs in a worker thread, "
+                "which no signal reaches: it stops at its next fenced write or ensure_held() with 409 anyway, so "
+                "leave stop_on_lost out. A sync function in the main thread can run its body in the lock's scope: "
+                "with get_client().lock(lock_name(...)) as lock, lock.scope(): ... (docs/lost.md)"
             )
         return func
 

@@ -292,10 +292,16 @@ def test_an_async_view_with_stop_on_lost_is_stopped_with_409_and_a_sync_one_is_r
     started = time.monotonic()
     response = asyncio.run(view(RequestFactory().post("/stop/1"), pk=1))
     assert response.status_code == conf()["CONFLICT_STATUS"] and time.monotonic() - started < 10
-    with pytest.raises(distlock.ConfigurationError, match="only an async view can be stopped"):
+    with pytest.raises(distlock.ConfigurationError, match="only an async view or function can be stopped"):
 
         @distributed_lock("stop:{pk}", stop_on_lost=True)
         def sync_view(request: HttpRequest, pk: int) -> None:
+            pass
+
+    with pytest.raises(distlock.ConfigurationError, match=r"A sync function in the main thread .* lock\.scope\(\)"):
+
+        @distributed_lock("stop:{pk}", stop_on_lost=True)
+        def sync_job(pk: int) -> None:
             pass
 
     with pytest.raises(distlock.ConfigurationError, match=r"enter the lock's scope yourself"):
