@@ -43,7 +43,7 @@ from ._errors import (
 from ._lockoptions import LockOptions, check_options
 from ._protocol import Interrupt, LeaseGone, Ticket, default_owner, owner_record
 from ._seconds import seconds
-from ._session import Session, Stray
+from ._session import CLIENT_CLOSED, Session, Stray
 from ._shape import MUTEX
 
 if TYPE_CHECKING:
@@ -465,10 +465,10 @@ class Lock:
         return self._hold_deadline if self._ticket is not None and self._lost_reason is None else None
 
     def session_lost(self, reason: str) -> None:
-        wake = self._wake
-        if wake is not None:
+        if (wake := self._wake) is not None:
             wake.fire(_LEASE_LOST)
-        if self._ticket is not None:
+        ticket = self._ticket  # a hold handed over ends quietly with its client: it was given away, not lost
+        if ticket is not None and not (reason == CLIENT_CLOSED and self._handed_over and self._end_handed_over(ticket)):
             self._mark_lost(reason)
 
     @property
@@ -504,8 +504,8 @@ class Lock:
         goes on as before (its lease is refreshed; a crash of this process frees it within ``ttl``), but the handle no
         longer counts as the caller's lock (``current_lock()`` skips it), and its key's removal is the end it waits
         for, not a loss: the handle stops being held, quietly, when the client next checks its keys (after a lease
-        refresh, about every third of ``ttl``; no request per handle). When ``timeout`` passes first, the key is
-        removed and a warning logged. ``release()`` still ends the hold at once. Raises ``LockNotOwned`` if not
+        refresh, about every third of ``ttl``; no request per handle) or closes. When ``timeout`` passes first, the key
+        is removed and a warning logged. ``release()`` still ends the hold at once. Raises ``LockNotOwned`` if not
         held, ``LockLost`` if lost, ``ConfigurationError`` for a bad ``timeout``.
         """
         timeout = seconds(timeout, "timeout (how long to wait for a successor)", allow_zero=True)

@@ -32,12 +32,15 @@ from ._errors import ClientClosed, DistlockError
 from ._protocol import Backend, Lease, LeaseGone, Ticket
 from ._shape import seat_nonce
 
-__all__ = ["MIN_TTL", "Keeper", "Member", "Session", "Stray"]
+__all__ = ["CLIENT_CLOSED", "MIN_TTL", "Keeper", "Member", "Session", "Stray"]
 
 log = logging.getLogger("distlock")
 
 #: The shortest lease asked of a server, in seconds: a shorter ``ttl`` gets this. Below about a second the safety
 #: margin and one refresh interval leave a refresh no time to be late (etcd's own minimum is a second or more).
+#: What a client's close does to the locks on its sessions (``Member.session_lost``'s reason).
+CLIENT_CLOSED = "the distlock client was closed"
+
 MIN_TTL = 1.0
 #: Refresh a lease this many times per granted TTL.
 REFRESHES_PER_TTL = 3
@@ -290,10 +293,10 @@ class Keeper:
             keeper = self._thread
         for session in sessions:
             with self._cond:
-                session.lost_reason = "the distlock client was closed"
+                session.lost_reason = CLIENT_CLOSED
                 members = list(session.members)
             for member in members:
-                self._guarded(member.session_lost, "the distlock client was closed")
+                self._guarded(member.session_lost, CLIENT_CLOSED)
             self._revoke(session)
         with self._work:
             cleaner = self._cleaner  # running the callbacks of the locks just lost, if any

@@ -45,6 +45,25 @@ def test_a_handed_over_lock_passes_to_its_successor_and_the_old_holder_ends_quie
     assert client.holder(lock_name) is None
 
 
+def test_a_handed_over_hold_ends_quietly_when_its_client_closes_before_its_next_check(
+    backend_url: str, successor: distlock.Client, lock_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process that hands its hold over and exits at once (an enqueue from a script): its client's close ends the
+    hold it gave away, not a lost lock to warn about; the successor keeps it."""
+    with distlock.connect(backend_url) as client:
+        old = client.lock(lock_name, ttl=TTL)
+        assert old.acquire()
+        old.hand_over(60)
+        new = successor.lock(lock_name, ttl=TTL)
+        assert new.take_over(old.token, timeout=10)
+        with caplog.at_level(logging.WARNING, logger="distlock"):
+            client.close()  # before its next check of its keys (a third of its TTL away)
+    assert not old.lost and not old.owned()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert new.owned() and successor.holder(lock_name) is not None
+    new.release()
+
+
 def test_a_waiter_queued_before_the_successor_runs_first_and_nobody_finds_the_lock_free(
     client: distlock.Client, successor: distlock.Client, lock_name: str
 ) -> None:
