@@ -36,11 +36,11 @@ __all__ = ["CLIENT_CLOSED", "MIN_TTL", "Keeper", "Member", "Session", "Stray"]
 
 log = logging.getLogger("distlock")
 
-#: The shortest lease asked of a server, in seconds: a shorter ``ttl`` gets this. Below about a second the safety
-#: margin and one refresh interval leave a refresh no time to be late (etcd's own minimum is a second or more).
 #: What a client's close does to the locks on its sessions (``Member.session_lost``'s reason).
 CLIENT_CLOSED = "the distlock client was closed"
 
+#: The shortest lease asked of a server, in seconds: a shorter ``ttl`` gets this. Below about a second the safety
+#: margin and one refresh interval leave a refresh no time to be late (etcd's own minimum is a second or more).
 MIN_TTL = 1.0
 #: Refresh a lease this many times per granted TTL.
 REFRESHES_PER_TTL = 3
