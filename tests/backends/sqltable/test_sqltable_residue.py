@@ -74,12 +74,18 @@ class Tables:
             return connection.execute(statement).scalar()
 
     def lock_waits(self) -> int:
-        """Transactions of this database waiting for a row lock (PostgreSQL, MariaDB)."""
+        """Statements on this test's tables waiting for a row lock (PostgreSQL, MariaDB). By the statement's text:
+        the server is the worker's, and a transaction of another test may be waiting too (ci41 timed out on a count
+        of all of them)."""
         if self.mariadb is not None:
             return int(
-                self.mariadb.sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+                self.mariadb.sql(
+                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                    f"WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%{self.prefix}%'"
+                )
             )
-        return int(self.scalar(sa.text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")))
+        query = "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :tables"
+        return int(self.scalar(sa.text(query).bindparams(tables=f"%{self.prefix}%")))
 
     def drop(self) -> None:
         with self.engine.begin() as connection:
@@ -239,7 +245,7 @@ def _until_blocked(tables: Tables, client: distlock.Client) -> Callable[[], obje
     MariaDB; on SQLite (one writer at a time), that it is about to begin, which it cannot while another writes.
     (The client's leases are long: no refresh of its keeper begins meanwhile.)"""
     if tables.dialect != "sqlite":
-        return lambda: wait_until(lambda: tables.lock_waits() == 1, 10, "the second transaction to wait for a lock")
+        return lambda: wait_until(lambda: tables.lock_waits() == 1, 30, "the second transaction to wait for a lock")
     backend: Any = client._backend
     transaction, began = backend._transaction, threading.Event()
 
