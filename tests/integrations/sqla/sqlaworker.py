@@ -39,7 +39,7 @@ class Worker:
     def __init__(self, lock_url: str, db_url: str, session: str = "kept") -> None:
         self.client = distlock.connect(lock_url)
         self.engine = make_engine(db_url)
-        self.session = Session(self.engine) if session == "default" else Session(self.engine, expire_on_commit=False)
+        self.session = Session(self.engine, expire_on_commit=session == "default")
         self.lock: distlock.Lock | None = None
         self.row: Counter | None = None
         self.read_value = 0

@@ -118,7 +118,7 @@ def test_the_lost_update_race_of_a_paused_holder(
     with, also with sessions that keep their objects (``expire_on_commit=False``): the outcome is the same. (The
     other lock services' run below keeps them.)
     """
-    sessions = sessionmaker(engine) if session == "default" else sessionmaker(engine, expire_on_commit=False)
+    sessions = sessionmaker(engine, expire_on_commit=session == "default")
     _paused_holder_race(client, start_worker, sessions, engine, counter, guard, newer_writes_first, session)
 
 
