@@ -272,11 +272,11 @@ def _run_frozen_holder(backend_url: str, client: distlock.Client, lock_name: str
         worker.wait()
     lines = out.read_text().splitlines()
     kinds = [line.split()[0] for line in lines]
-    assert kinds[-2:] == ["stopped", "next"], lines[-5:]
-    assert "write" not in kinds[kinds.index("stopped") :]  # nothing written after the stop
-    lost_at = float(next(line.split()[1] for line in lines if line.startswith("lost")))
-    stopped_at = float(lines[kinds.index("stopped")].split()[1])
-    print(f"{mode}: stopped {stopped_at - lost_at:.4f} s after lost fired")
+    assert kinds[-3:] == ["lost", "stopped", "next"], lines[-5:]
+    lost_at, stopped_at = (float(line.split()[1]) for line in lines[-3:-1])
+    assert all(float(line.split()[1]) < stopped_at for line in lines if line.startswith("write"))  # none after
+    # on_lost runs on the keeper's clean-up thread beside the stop: either may come first, by a few ms
+    print(f"{mode}: stopped {stopped_at - lost_at:+.4f} s from on_lost")
     assert stopped_at - lost_at < STOP_BOUND
 
 
