@@ -240,12 +240,16 @@ def _pause_once(monkeypatch: pytest.MonkeyPatch, target: Any, name: str, after: 
     return paused, go
 
 
-def _until_blocked(tables: Tables, client: distlock.Client) -> Callable[[], object]:
+def _until_blocked(
+    tables: Tables, client: distlock.Client, unless: Callable[[], bool] = lambda: False
+) -> Callable[[], object]:
     """What waits for ``client``'s next transaction to be blocked by another's: a lock wait on PostgreSQL and
     MariaDB; on SQLite (one writer at a time), that it is about to begin, which it cannot while another writes.
-    (The client's leases are long: no refresh of its keeper begins meanwhile.)"""
+    Or, on PostgreSQL and MariaDB, for ``unless()`` (the transaction's caller ended without waiting: the test says
+    why). (The client's leases are long: no refresh of its keeper begins meanwhile.)"""
     if tables.dialect != "sqlite":
-        return lambda: wait_until(lambda: tables.lock_waits() == 1, 30, "the second transaction to wait for a lock")
+        blocked = lambda: unless() or tables.lock_waits() == 1  # noqa: E731
+        return lambda: wait_until(blocked, 30, "the second transaction to wait for a lock")
     backend: Any = client._backend
     transaction, began = backend._transaction, threading.Event()
 
@@ -448,12 +452,20 @@ def test_an_earlier_join_finds_its_names_row_after_a_release_of_this_release_on_
     with distlock.connect(tables.url) as holder, distlock.connect(tables.url) as joiner:
         with _earlier_join_across_a_release(tables, holder) as earlier:
             assert earlier.lock_row()
-            wait_blocked = _until_blocked(tables, joiner)
-            got: list[bool] = []
+            got: list[bool | Exception] = []
+            wait_blocked = _until_blocked(tables, joiner, unless=lambda: bool(got))
             lock = joiner.lock("contended", ttl=LONG)
-            joining = threading.Thread(target=lambda: got.append(lock.acquire(timeout=10)))
+
+            def join() -> None:
+                try:
+                    got.append(lock.acquire(timeout=10))
+                except Exception as e:  # shown by the assertion below, not lost in a thread's warning
+                    got.append(e)
+
+            joining = threading.Thread(target=join)
             joining.start()
             wait_blocked()
+            assert not got, f"the join ended before it waited: {got}"
         joining.join(10)
         assert got == [True]
         lock.release()
