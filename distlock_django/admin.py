@@ -1,4 +1,8 @@
-"""The lock page's entry in the admin index: "Distributed locks" under "Distlock", for every staff user.
+"""The admin: ``FencedModelAdmin`` for your fenced models, and the lock page's entry in the admin index.
+
+``FencedModelAdmin`` (``from distlock_django.admin import FencedModelAdmin``) writes each row inside its lock: its
+contract is in ``_admin.py``. The rest of this module registers "Distributed locks" under "Distlock", for every staff
+user.
 
 The page itself is served by ``distlock_django.urls`` (``admin/distlock/``); this registers the table-less
 ``DistributedLock`` model (``models.py``) so that the admin index, the app page and the navigation sidebar link to it.
@@ -20,9 +24,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import NoReverseMatch, URLPattern, path, reverse
 
+from ._admin import FencedModelAdmin
 from .models import DistributedLock
 
-__all__ = ["DistributedLockAdmin"]
+__all__ = ["DistributedLockAdmin", "FencedModelAdmin"]
 
 
 def _page_url() -> str:
