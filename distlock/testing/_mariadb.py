@@ -118,13 +118,17 @@ class MariaDBServer(_OnePortServer):
         return self._os_user
 
     def _prepare(self) -> None:
-        self.data_dir.mkdir(mode=0o700)
-        if self._os_user is not None:
-            os.chown(self.data_dir, self._os_user.pw_uid, self._os_user.pw_gid)
+        # Its own temporary directory: the server's internal temporary tables are files, by default in /tmp, which
+        # other servers and test runs share (ci43: a bootstrap failed to delete one of its own there).
+        for directory in (self.data_dir, self._tmp_dir):
+            directory.mkdir(mode=0o700)
+            if self._os_user is not None:
+                os.chown(directory, self._os_user.pw_uid, self._os_user.pw_gid)
         command = [
             self._bin["mariadb-install-db"],
             "--no-defaults",
             f"--datadir={self.data_dir}",
+            f"--tmpdir={self._tmp_dir}",
             "--auth-root-authentication-method=normal",
             "--skip-test-db",
             *self._user_options(),
@@ -136,6 +140,7 @@ class MariaDBServer(_OnePortServer):
             self._bin["mariadbd"],
             "--no-defaults",
             f"--datadir={self.data_dir}",
+            f"--tmpdir={self._tmp_dir}",
             f"--port={self.port}",
             f"--bind-address={_HOST}",
             f"--socket={self.socket_path}",
@@ -146,6 +151,10 @@ class MariaDBServer(_OnePortServer):
             "--max-connections=300",
             *self._user_options(),
         ]
+
+    @property
+    def _tmp_dir(self) -> Path:
+        return self._dir / "tmp"
 
     def _ready(self) -> bool:
         return "ready for connections" in self.log_tail()
