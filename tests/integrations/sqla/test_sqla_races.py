@@ -216,8 +216,9 @@ def test_a_claim_inside_a_stalled_transaction_holds_the_next_holder_at_the_datab
     """The transaction path: A claims inside its transaction and is frozen past its lease. B has the lock, but its
     claim cannot pass A's row lock: the database serialises them, so it is safe, and not live until A's
     transaction ends. PostgreSQL's ``idle_in_transaction_session_timeout`` ends it (A's later write then fails);
-    on SQLite B's busy timeout runs out and B retries once A has resumed and committed."""
-    a = start_worker(db.url_with(idle_in_transaction_session_timeout="5000"))
+    on SQLite B's busy timeout runs out and B retries once A has resumed and committed. Both on SQLAlchemy's default
+    session (``expire_on_commit=True``)."""
+    a = start_worker(db.url_with(idle_in_transaction_session_timeout="5000"), session="default")
     name = f"counter:{counter}"
     a.call(op="acquire", name=name, ttl=TTL)
     assert a.call(op="read", id=counter, claim=True, commit=False)["value"] == 0
@@ -227,7 +228,7 @@ def test_a_claim_inside_a_stalled_transaction_holds_the_next_holder_at_the_datab
             b_token = lock.token
             if db.kind == "postgresql":
                 claimed: list[int] = []
-                session = Session(engine, expire_on_commit=False)
+                session = Session(engine)  # SQLAlchemy's default session, as A's
 
                 def claim_and_increment() -> None:
                     row = claim_one(session, Counter, counter)
@@ -273,8 +274,8 @@ def test_releasing_before_commit_does_not_let_the_next_holder_read_old_data(
 ) -> None:
     """A claims and writes inside a transaction, releases the lock, and only then commits. B, holding the lock in
     between, would read the old row with a plain read; its claim cannot: it waits for A's commit (here it gives up
-    after 0.3 s instead of waiting) and, after the commit, reads A's write."""
-    a = start_worker()
+    after 0.3 s instead of waiting) and, after the commit, reads A's write. Both on SQLAlchemy's default session."""
+    a = start_worker(session="default")
     name = f"counter:{counter}"
     a.call(op="acquire", name=name, ttl=TTL)
     a.call(op="read", id=counter, claim=True, commit=False)
