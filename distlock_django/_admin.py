@@ -157,7 +157,10 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 response = view(*args)
         except _REFUSALS as e:
             if response is None:  # raised before or in the view: its transaction was rolled back
-                self.message_user(request, f"Nothing was saved: {e}", messages.ERROR)
+                why = str(e)
+                if isinstance(e, distlock.LockNotAcquired):
+                    why = f"a row it writes is locked elsewhere (not free within {self.lock_timeout:g} s)"
+                self.message_user(request, f"Nothing was saved: {why}. Try again.", messages.ERROR)
                 return HttpResponseRedirect(request.get_full_path())
             # Raised by a release, after the commit: the writes were fenced, so they landed before any newer holder's
             self.message_user(request, f"Saved, but the lock ended badly: {e}", messages.WARNING)
