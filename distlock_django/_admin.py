@@ -105,11 +105,11 @@ class FencedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         super().save_formset(request, form, formset, change)
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        self._hold(_names_of_write(obj, True))
+        self._hold(_name_of(obj))  # as just read: a delete changes no name, so the row is not read again
         super().delete_model(request, obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: models.QuerySet[Any]) -> None:
-        self._hold(name for obj in queryset for name in _names_of_write(obj, True))
+        self._hold(name for obj in queryset for name in _name_of(obj))
         super().delete_queryset(request, queryset)
 
     def _hold(self, names: Iterable[str]) -> None:
