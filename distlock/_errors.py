@@ -122,3 +122,9 @@ class StaleFenceToken(DistlockError):
 
 class UnfencedWrite(DistlockError):
     """Strict fencing: a write to a fenced row was attempted without holding the lock that guards it."""
+
+
+# Tracebacks, reprs and pickles name each error where users import it from (``distlock.LockLost``), not this module.
+for _error in (globals()[_name] for _name in __all__):
+    _error.__module__ = "distlock"
+del _error

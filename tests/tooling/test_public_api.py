@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
+import traceback
 
 import pytest
 from _support import child_env
 
 import distlock
+import distlock._errors
 import distlock.backends
 
 CONTRACT = {
@@ -68,6 +71,25 @@ def test_the_testing_harness_names_stay_exported() -> None:
 def test_error_tree(error: type[Exception], parents: tuple[type[Exception], ...]) -> None:
     assert issubclass(error, parents)
     assert issubclass(error, distlock.DistlockError)
+
+
+def test_errors_are_named_where_users_import_them_and_pickle() -> None:
+    """A traceback reads ``distlock.LockLost: ...`` (not the private module), and an error crosses a process (pickle,
+    as multiprocessing and Celery's result backends send it) with its attributes."""
+    for name in distlock._errors.__all__:
+        error = getattr(distlock, name)
+        assert error.__module__ == "distlock", name
+        assert traceback.format_exception_only(error("boom"))[-1] == f"distlock.{name}: boom\n"
+    stale = pickle.loads(pickle.dumps(distlock.StaleFenceToken("refused", token=3, row=7, current=5)))
+    assert (type(stale), str(stale), stale.token, stale.row, stale.current) == (
+        distlock.StaleFenceToken,
+        "refused",
+        3,
+        7,
+        5,
+    )
+    lost = pickle.loads(pickle.dumps(distlock.LockLost("gone", name="orders:7")))
+    assert (type(lost), lost.name) == (distlock.LockLost, "orders:7")
 
 
 def test_importing_distlock_imports_no_framework() -> None:
