@@ -204,11 +204,10 @@ def test_many_processes_on_limit_three_under_stop_and_kill(backend_url: str, loc
     """Twelve processes contend for three slots (six on SQLite: its writers wait in SQLite's busy handler, which serves
     them in no particular order, and on a loaded CI machine one of twelve once waited over two minutes to join the
     queue at all; docs/operations/sql-table.md says so)."""
+    on_sqlite = backend_url.startswith("sql+sqlite")
     db_path = str(tmp_path / "log.db")
     slotworker.setup(db_path)
-    processes = start_workers(
-        backend_url, db_path, lock_name, ["s3"] * (6 if backend_url.startswith("sql+sqlite") else 12)
-    )
+    processes = start_workers(backend_url, db_path, lock_name, ["s3"] * (6 if on_sqlite else 12))
     first = [p.pid for p in processes]
     db = sqlite3.connect(db_path, timeout=60, isolation_level=None)
     signalled: dict[int, list[float]] = {}
@@ -264,7 +263,7 @@ def test_many_processes_on_limit_three_under_stop_and_kill(backend_url: str, loc
         ).fetchone()[0]
         for pid in first
     ]
-    if backend_url.startswith("sql+sqlite"):
+    if on_sqlite:
         # The queue is FIFO, but the order in which the processes get into it is SQLite's: a writer waits for the
         # file's write lock in SQLite's busy handler, which sleeps longer the longer it waited, so newcomers win
         # (fairness measured 0.84 to 0.96 here). Safety above holds all the same.
